@@ -1,0 +1,208 @@
+"""GRPO: group-normalised advantages and the clipped policy loss, trained under FSDP2.
+
+For each question we sample G responses o_1..o_G with rewards r_1..r_G and set every token
+of response i to the advantage
+
+    A_i = (r_i - mean(r)) / (std(r) + 1e-6)          (std with Bessel's correction, as verl)
+
+The policy loss of one response token, with ratio ρ = π_θ / π_old at the sampling temperature
+(log-probs of logits / T), is PPO's clipped surrogate plus a KL penalty to a reference model
+(the low-variance "k3" estimator, always ≥ 0):
+
+    loss_t = -min(ρ A, clip(ρ, 1-ε, 1+ε) A) + β (exp(r_t) - r_t - 1),   r_t = log π_ref - log π_θ
+
+π_old is the policy that sampled the batch; its log-probs are recomputed by the trainer (one
+no-grad pass) rather than taken from the sampler, so that sampler/trainer numerical gaps never
+enter the ratio. The sampler's own log-probs are only compared against them, as a check that
+the weight sync worked. A step's batch may be split into several optimizer updates
+(mini-batches, where clipping matters) and each update into micro-batches (for memory).
+
+NORMALISATION (the one place it is stated): the loss of an update is the mean over every
+response token of that update's mini-batch on all ranks,
+
+    L = Σ_{ranks, sequences, response tokens} loss_t  /  N_tokens(global mini-batch).
+
+FSDP2 averages gradients over ranks (it divides the summed gradient by the world size W), so
+each rank backpropagates Σ_local loss_t / (N_tokens_global / W); micro-batches add their
+gradients up. The result is the gradient of L, whatever the number of ranks or micro-batches.
+
+Sharding: `fully_shard` on each decoder layer, then on the root, on every run (a world of one
+included), so that one code path runs from a laptop to a cluster.
+"""
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+
+# --------------------------------------------------------------------------------------------
+# Processes and sharding (the device switch point)
+
+def init_distributed():
+    """Join the process group torchrun describes; a plain `python train.py` is a world of one.
+    Returns (rank, world_size, device)."""
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def shard(model, param_dtype=None):
+    """FSDP2: each decoder layer is its own unit, then the root (embeddings, norm, head).
+    `param_dtype` (e.g. torch.bfloat16) turns on mixed precision with fp32 gradient reduction."""
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def full_weights(model):
+    """[(name, full tensor)] on every rank: what the rollout engine and the checkpoint need."""
+    return [(name, t.full_tensor() if isinstance(t, DTensor) else t) for name, t in model.state_dict().items()]
+
+
+# --------------------------------------------------------------------------------------------
+# Advantages, log-probs, loss
+
+def group_advantages(rewards, eps=1e-6):
+    """rewards [P, G] -> advantages [P, G]; a group whose rewards are all equal gets zeros."""
+    mean = rewards.mean(-1, keepdim=True)
+    std = rewards.std(-1, keepdim=True)                      # unbiased; G must be ≥ 2
+    return (rewards - mean) / (std + eps)
+
+
+def token_logprobs(model, input_ids, temperature):
+    """log π(token_{t+1} | tokens ≤ t) at the sampling temperature, and (no grad) the entropy of
+    that distribution. input_ids [B, T] right-padded (causal attention needs no mask then) ->
+    logp [B, T-1], entropy [B, T-1]."""
+    logits = model(input_ids=input_ids).logits[:, :-1].float() / temperature     # [B, T-1, V]
+    logp_all = logits.log_softmax(-1)
+    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, normalizer):
+    """Token-summed GRPO loss over a micro-batch, divided by `normalizer` (see NORMALISATION).
+    logp, old_logp, ref_logp, mask [B, T-1]; advantages [B]. Returns (loss, clipped [B, T-1])."""
+    ratio = torch.exp(logp - old_logp)                                             # [B, T-1]
+    adv = advantages[:, None]
+    policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    log_r = ref_logp - logp
+    kl = torch.exp(log_r) - log_r - 1                                              # k3 ≥ 0
+    loss = ((policy_term + kl_coef * kl) * mask).sum() / normalizer
+    clipped = (ratio * adv > ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).float()
+    return loss, clipped
+
+
+def loss_normalizer(n_tokens_local, world_size, device):
+    """N_tokens of the global mini-batch / world_size (see NORMALISATION)."""
+    n = torch.tensor(float(n_tokens_local), device=device)
+    dist.all_reduce(n)
+    return n / world_size
+
+
+# --------------------------------------------------------------------------------------------
+# A batch of sampled responses
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor         # [N, T] prompt + response, right-padded
+    mask: torch.Tensor              # [N, T-1] 1 where position t predicts a response token
+    advantages: torch.Tensor        # [N]
+    sampler_logp: torch.Tensor      # [N, T-1] the sampler's log-probs (0 off the mask)
+
+    def __len__(self):
+        return len(self.input_ids)
+
+    def rows(self, idx):
+        return Batch(self.input_ids[idx], self.mask[idx], self.advantages[idx], self.sampler_logp[idx])
+
+
+def make_batch(samples, advantages, pad_id, device):
+    """samples: [N] rollout.Sample; advantages: [N] floats."""
+    if len(samples) != len(advantages):
+        raise ValueError(f"{len(samples)} samples but {len(advantages)} advantages")
+    width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(samples), width - 1)
+    slogp = torch.zeros(len(samples), width - 1)
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.token_ids)
+        if len(s.logprobs) != r:
+            raise ValueError(f"sample {i}: {r} response tokens but {len(s.logprobs)} log-probs")
+        ids[i, :p + r] = torch.tensor(s.prompt_ids + s.token_ids)
+        mask[i, p - 1:p + r - 1] = 1.0                     # logits at t predict token t+1
+        slogp[i, p - 1:p + r - 1] = torch.tensor(s.logprobs)
+    adv = torch.as_tensor(advantages, dtype=torch.float32)
+    return Batch(ids.to(device), mask.to(device), adv.to(device), slogp.to(device))
+
+
+# --------------------------------------------------------------------------------------------
+# One training step
+
+@dataclass
+class StepConfig:
+    temperature: float = 1.0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.005
+    mini_batches: int = 1           # optimizer updates per step
+    micro_batch_size: int = 64      # sequences per forward/backward
+    max_grad_norm: float = 1.0
+
+
+def micro_batches(n, size):
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+@torch.no_grad()
+def score(model, batch, cfg):
+    """logp, entropy [N, T-1] of a frozen model over the batch, in micro-batches."""
+    outs = [token_logprobs(model, batch.input_ids[s], cfg.temperature) for s in micro_batches(len(batch), cfg.micro_batch_size)]
+    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+
+def train_step(policy, ref, optimizer, batch, cfg, world_size, generator=None):
+    """Old and reference log-probs, then `cfg.mini_batches` clipped-GRPO updates.
+
+    Every rank must hold the same number of sequences (FSDP's collectives pair up per
+    forward and backward). Returns token sums for metrics (summed over ranks by the caller)."""
+    old_logp, entropy = score(policy, batch, cfg)
+    ref_logp, _ = score(ref, batch, cfg)
+    m = batch.mask
+    log_r = ref_logp - old_logp
+    stats = {
+        "tokens": m.sum().item(),
+        "kl_sum": ((torch.exp(log_r) - log_r - 1) * m).sum().item(),
+        "entropy_sum": (entropy * m).sum().item(),
+        "sampler_gap_sum": ((batch.sampler_logp - old_logp).abs() * m).sum().item(),
+        "clipped_sum": 0.0, "grad_norm": 0.0,
+    }
+    order = torch.randperm(len(batch), generator=generator).to(batch.input_ids.device)
+    for mb in order.chunk(cfg.mini_batches):
+        normalizer = loss_normalizer(batch.mask[mb].sum().item(), world_size, m.device)
+        for s in micro_batches(len(mb), cfg.micro_batch_size):
+            rows = mb[s]
+            logp, _ = token_logprobs(policy, batch.input_ids[rows], cfg.temperature)
+            loss, clipped = grpo_loss(logp, old_logp[rows], ref_logp[rows], batch.advantages[rows],
+                                      m[rows], cfg.clip_eps, cfg.kl_coef, normalizer)
+            loss.backward()
+            stats["clipped_sum"] += (clipped * m[rows]).sum().item()
+        norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+        stats["grad_norm"] = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return stats

@@ -1,0 +1,156 @@
+"""Rollouts: sample G responses per prompt, and keep the sampler's weights equal to the trainer's.
+
+Two engines behind the same two calls:
+
+    engine.generate(prompt_ids, n, temperature, max_tokens) -> [[Sample] * n] * len(prompt_ids)
+    engine.load_weights(named_tensors)                       # the trainer's current weights
+
+- `VLLMEngine`: vLLM in this process (no engine subprocess), one engine per rank. Its
+  log-probs are the sampler's, after temperature (`logprobs_mode="processed_logprobs"`), so
+  they are comparable to the trainer's log-probs of logits / temperature. Weights are synced
+  with vLLM's `reload_weights`, which takes an iterator of (Hugging Face name, tensor).
+- `HFEngine`: transformers' `generate` on its own copy of the model, for machines without
+  vLLM (and on GPUs where vLLM is not installed). Slower, same results up to sampling noise.
+
+Both sample with plain temperature: no top-k, no top-p, no generation config from the model
+folder, so that the log-probs are those of the distribution the trainer optimises.
+"""
+import os
+from dataclasses import dataclass
+
+import torch
+
+# The vLLM engine runs in-process (no subprocess) and, on CPU, needs a KV-cache size in GiB.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@dataclass
+class Sample:
+    prompt_ids: list      # the prompt's token ids
+    token_ids: list       # the response's token ids, ending with EOS when `finished`
+    logprobs: list        # the sampler's log-prob of each response token, at the sampling temperature
+    text: str             # the response decoded, without special tokens
+    finished: bool        # False when it was cut at max_tokens
+
+
+def check_prompt_lengths(prompt_ids, max_prompt_len):
+    too_long = [i for i, p in enumerate(prompt_ids) if len(p) > max_prompt_len]
+    if too_long:
+        raise ValueError(f"{len(too_long)} prompt(s) exceed the prompt limit of {max_prompt_len} tokens "
+                         f"(first: #{too_long[0]}, {len(prompt_ids[too_long[0]])} tokens); drop them when "
+                         f"loading the data or raise --max_prompt_len")
+
+
+class VLLMEngine:
+    def __init__(self, model_dir, max_prompt_len, max_response_len, seed=0, dtype="float32",
+                 gpu_memory_utilization=0.3):
+        from vllm import LLM
+        self.max_prompt_len = max_prompt_len
+        on_cpu = not torch.cuda.is_available()
+        self.llm = LLM(model=model_dir, dtype=dtype, seed=seed,
+                       max_model_len=max_prompt_len + max_response_len,
+                       enforce_eager=on_cpu, generation_config="vllm",
+                       logprobs_mode="processed_logprobs",
+                       gpu_memory_utilization=gpu_memory_utilization)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def generate(self, prompt_ids, n, temperature, max_tokens):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        check_prompt_lengths(prompt_ids, self.max_prompt_len)
+        params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1 if temperature > 0 else 1,
+                                max_tokens=max_tokens, logprobs=0, skip_special_tokens=True)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
+        groups = []
+        for p, out in zip(prompt_ids, outs):
+            group = []
+            for o in sorted(out.outputs, key=lambda o: o.index):
+                ids = list(o.token_ids)
+                lps = [d[t].logprob for d, t in zip(o.logprobs, ids)]
+                group.append(Sample(list(p), ids, lps, o.text, o.finish_reason == "stop"))
+            groups.append(group)
+        return groups
+
+    def load_weights(self, named_tensors):
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(named_tensors))})
+        self.llm.reset_prefix_cache()   # cached KV blocks were computed with the old weights
+
+    def close(self):
+        """Shut the engine down now, while the process group it shares is still alive."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+class HFEngine:
+    def __init__(self, model_dir, max_prompt_len, max_response_len, seed=0, dtype="float32", device=None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        self.max_prompt_len = max_prompt_len
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device).eval()
+        self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.eos = self.tokenizer.eos_token_id
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+
+    @torch.no_grad()
+    def generate(self, prompt_ids, n, temperature, max_tokens):
+        check_prompt_lengths(prompt_ids, self.max_prompt_len)
+        width = max(map(len, prompt_ids))
+        # left-padded prompts, each repeated n times: [P * n, width]
+        rows = [[self.pad] * (width - len(p)) + list(p) for p in prompt_ids for _ in range(n)]
+        ids = torch.tensor(rows, device=self.device)
+        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids for _ in range(n)], device=self.device)
+        done = torch.zeros(len(rows), dtype=torch.bool, device=self.device)
+        out_ids, out_lps = [], []
+        past = None
+        position = attn.cumsum(-1) - 1
+        step_ids, step_pos = ids, position.clamp(min=0)
+        for _ in range(max_tokens):
+            res = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
+                             past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            logits = res.logits[:, -1].float()                                  # [P*n, V]
+            if temperature > 0:
+                logp = torch.log_softmax(logits / temperature, -1)
+                token = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+            else:
+                logp = torch.log_softmax(logits, -1)
+                token = logits.argmax(-1)
+            token = torch.where(done, torch.full_like(token, self.pad), token)
+            out_ids.append(token); out_lps.append(logp.gather(-1, token[:, None]).squeeze(-1))
+            done = done | (token == self.eos)
+            if done.all():
+                break
+            step_ids = token[:, None]
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)
+            step_pos = step_pos[:, -1:] + 1
+        out_ids = torch.stack(out_ids, 1).tolist(); out_lps = torch.stack(out_lps, 1).tolist()
+        groups = []
+        for i, p in enumerate(prompt_ids):
+            group = []
+            for j in range(i * n, (i + 1) * n):
+                ids_j = out_ids[j]
+                end = ids_j.index(self.eos) + 1 if self.eos in ids_j else len(ids_j)
+                text = self.tokenizer.decode(ids_j[:end], skip_special_tokens=True)
+                group.append(Sample(list(p), ids_j[:end], out_lps[j][:end], text, self.eos in ids_j))
+            groups.append(group)
+        return groups
+
+    def load_weights(self, named_tensors):
+        missing, unexpected = self.model.load_state_dict(dict(named_tensors), strict=False)
+        missing = [k for k in missing if k != "lm_head.weight" or not self.model.config.tie_word_embeddings]
+        if missing or unexpected:
+            raise RuntimeError(f"weight sync into the transformers engine failed: missing {missing[:5]}, "
+                               f"unexpected {unexpected[:5]}; the trainer's and the engine's models differ")
+
+    def close(self):
+        pass
+
+
+def make_engine(backend, model_dir, max_prompt_len, max_response_len, seed=0, dtype="float32"):
+    """The one switch point between rollout backends."""
+    if backend == "vllm":
+        return VLLMEngine(model_dir, max_prompt_len, max_response_len, seed, dtype)
+    if backend == "hf":
+        return HFEngine(model_dir, max_prompt_len, max_response_len, seed, dtype)
+    raise ValueError(f"unknown rollout backend {backend!r}; choose 'vllm' or 'hf'")

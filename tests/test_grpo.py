@@ -1,0 +1,112 @@
+"""The GRPO maths: advantages, loss, gradients, micro-batching, and 2 ranks against 1."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from grpo import Batch, StepConfig, group_advantages, grpo_loss, shard, token_logprobs, train_step
+from conftest import ROOT
+
+
+def test_advantages_by_hand():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
+    a = group_advantages(r)
+    # group 0: mean 0.5, unbiased std sqrt(1/3) = 0.57735 -> ±0.866025
+    assert torch.allclose(a[0], torch.tensor([0.866025, -0.866025, -0.866025, 0.866025]), atol=1e-5)
+    # all equal: no signal
+    assert torch.equal(a[1], torch.zeros(4))
+    # group 2: mean 0.25, std 0.5 -> (-0.5, -0.5, -0.5, 1.5)
+    assert torch.allclose(a[2], torch.tensor([-0.5, -0.5, -0.5, 1.5]), atol=1e-5)
+
+
+def test_loss_by_hand():
+    # one sequence, 3 tokens, the last one masked out
+    logp = torch.tensor([[-1.0, -2.0, -0.5]])
+    old = torch.tensor([[-1.0, -2.5, -0.5]])          # ratios 1, e^0.5 = 1.6487, 1
+    ref = torch.tensor([[-1.2, -2.0, -0.5]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    adv = torch.tensor([2.0])
+    loss, clipped = grpo_loss(logp, old, ref, adv, mask, clip_eps=0.2, kl_coef=0.1, normalizer=2.0)
+    # token 0: ratio 1 -> -2; k3 with r = -0.2: e^-0.2 + 0.2 - 1 = 0.0187308
+    # token 1: ratio 1.6487 clipped to 1.2 (A > 0) -> -2.4; k3 with r = 0 -> 0
+    expected = (-2.0 + 0.1 * 0.0187308 + -2.4) / 2.0
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert clipped.tolist() == [[0.0, 1.0, 0.0]]
+    # negative advantage: the ratio is clipped from below at 1 - eps only when it is below
+    loss_neg, _ = grpo_loss(torch.tensor([[-1.5]]), torch.tensor([[-1.0]]), torch.tensor([[-1.5]]),
+                            torch.tensor([-1.0]), torch.tensor([[1.0]]), 0.2, 0.0, 1.0)
+    # ratio e^-0.5 = 0.6065 -> min(-0.6065 * -1 ... ) : -min(-0.6065, -0.8) = 0.8
+    assert loss_neg.item() == pytest.approx(0.8, abs=1e-6)
+
+
+def _tiny_model(seed=0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
+    return Qwen3ForCausalLM(cfg)
+
+
+def _batch(n=6, width=10, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 64, (n, width), generator=g)
+    mask = torch.zeros(n, width - 1)
+    for i in range(n):                    # prompt of 3 tokens, responses of different lengths
+        mask[i, 2:2 + 3 + i % 4] = 1.0
+    adv = torch.randn(n, generator=g)
+    return Batch(ids, mask, adv, torch.zeros(n, width - 1))
+
+
+def test_gradient_equals_reinforce_at_ratio_one():
+    model = _tiny_model()
+    b = _batch()
+    logp, _ = token_logprobs(model, b.input_ids, temperature=0.7)
+    n = b.mask.sum()
+    loss, clipped = grpo_loss(logp, logp.detach(), logp.detach(), b.advantages, b.mask, 0.2, 0.0, n)
+    grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
+    assert clipped.sum() == 0
+    reinforce = -(b.advantages[:, None] * logp * b.mask).sum() / n
+    ref_grads = torch.autograd.grad(reinforce, list(model.parameters()))
+    for g, r in zip(grads, ref_grads):
+        assert torch.allclose(g, r, atol=1e-7, rtol=1e-5)
+    assert sum(g.abs().sum() for g in grads) > 0
+
+
+def _train_once(micro_batch_size, mini_batches=1, world_size=1):
+    model = shard(_tiny_model())
+    ref = shard(_tiny_model().requires_grad_(False))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=mini_batches,
+                     micro_batch_size=micro_batch_size, max_grad_norm=1e9)
+    train_step(model, ref, opt, _batch(), cfg, world_size, generator=torch.Generator().manual_seed(0))
+    from grpo import full_weights
+    return dict(full_weights(model))
+
+
+def test_micro_batches_match_whole_batch(dist_world):
+    whole = _train_once(micro_batch_size=6)
+    micro = _train_once(micro_batch_size=2)
+    start = _tiny_model().state_dict()
+    moved = 0.0
+    for name in whole:
+        assert torch.allclose(whole[name], micro[name], atol=1e-6), name
+        moved += (whole[name] - start[name]).abs().sum().item()
+    assert moved > 1e-3          # the update did something
+
+
+def test_two_ranks_match_one_rank(tmp_path):
+    """Same global batch: one rank holding all of it, or two ranks holding half each."""
+    out = {}
+    for n in (1, 2):
+        path = tmp_path / f"w{n}.pt"
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master_port", str(29600 + n),
+               os.path.join(ROOT, "tests", "ranks_worker.py"), str(path)]
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        out[n] = torch.load(path)
+    for name in out[1]:
+        assert torch.allclose(out[1][name], out[2][name], atol=1e-6), name
+    assert json.loads(json.dumps(sorted(out[1]))) == sorted(out[2])

@@ -1,0 +1,251 @@
+"""The classroom world: a tiny, self-contained stand-in for "an LLM learning math reasoning".
+
+Everything a Co-rewarding run needs, built in code, on any CPU, in minutes:
+
+1. Problems. Two-step arithmetic word problems in five shapes (a*b+c, a*b-c, a+b-c,
+   (a+b)*c, (a-b)*c). Each problem has two views: the original and a rephrasing that keeps
+   the numbers, the operations and the answer but changes the wording, the sentence order
+   and the real-world scenario, which is what the paper asks of its rephrasing model.
+   Problems are split by their mathematics (shape and numbers) into three disjoint sets:
+   `warmup` (the supervised warm-up's data), `train` (the RL prompts) and `test` (held out).
+2. Responses look like real ones: worked steps, then the final answer in \\boxed{}.
+       "4 * 7 = 28 . 28 + 5 = 33 . The answer is \\boxed{33} ."
+3. A tokenizer built in code: GPT-2 style byte-level pre-tokenisation with a word-level
+   vocabulary over everything the world can say, saved in Hugging Face format so that
+   transformers and vLLM both load it.
+4. A tiny Qwen3 (4 layers, width 128, head_dim 32 since vLLM's CPU attention rejects 16).
+5. A base model: a short supervised warm-up on worked solutions of the `warmup` problems,
+   deliberately stopped early so that the model is imperfect and unsure: at temperature 1.0
+   the majority of 8 samples is right clearly more often than a single sample, which is
+   exactly the situation where label-free rewards carry signal. It is deterministic from
+   this file and shipped in `classroom/base/`; `python world.py` rebuilds it and prints its
+   accuracy.
+
+The classroom prompt is plain text ("Question: ...\\nAnswer:"), as for a base model; the
+paper's system prompt is left out here because this tokenizer has no words for it.
+"""
+import argparse
+import os
+import random
+from dataclasses import dataclass
+
+import torch
+
+BASE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "classroom", "base")
+PROMPT_FORMAT = "Question: {question}\nAnswer:"
+EOS = "<|endoftext|>"
+
+# --------------------------------------------------------------------------------------------
+# 1. Problems
+
+# A scenario is who acts, the containers and the things counted.
+SCENARIOS = [
+    ("Tom", "boxes", "pencils"), ("Mia", "bags", "apples"), ("Sam", "jars", "cookies"),
+    ("Ana", "shelves", "books"), ("Leo", "crates", "eggs"), ("Zoe", "baskets", "oranges"),
+    ("Ben", "trays", "muffins"), ("Eva", "packs", "cards"), ("Max", "tanks", "fish"),
+    ("Ivy", "vases", "roses"), ("Kai", "cartons", "bottles"), ("Lily", "tins", "buttons"),
+]
+
+# Templates per shape: {n} name, {c1} containers, {it} items; a, b, c the numbers.
+# Several wordings per shape, with the numbers in different orders.
+TEMPLATES = {
+    "mul_add": [
+        "{n} has {a} {c1} with {b} {it} in each . {n} also has {c} loose {it} . How many {it} does {n} have in all ?",
+        "There are {c} {it} on the table and {a} {c1} that hold {b} {it} each . How many {it} are there altogether ?",
+        "{n} fills {a} {c1} , putting {b} {it} in every one , and then finds {c} more {it} . What is the total number of {it} ?",
+    ],
+    "mul_sub": [
+        "{n} has {a} {c1} with {b} {it} in each . {n} gives away {c} {it} . How many {it} are left ?",
+        "Each of {a} {c1} holds {b} {it} . Then {c} {it} are lost . How many {it} remain ?",
+        "{n} packs {b} {it} into each of {a} {c1} and later uses {c} of the {it} . How many {it} does {n} still have ?",
+    ],
+    "add_sub": [
+        "{n} has {a} {it} . {n} gets {b} more {it} and then gives away {c} . How many {it} does {n} have now ?",
+        "A room holds {a} {it} . Someone brings {b} {it} more , and {c} {it} are taken out . How many {it} are in the room ?",
+        "After {n} buys {b} {it} to add to {a} {it} already at home , {c} {it} are eaten . How many {it} are left ?",
+    ],
+    "add_mul": [
+        "{n} has {a} {c1} and buys {b} more {c1} . Each of the {c1} holds {c} {it} . How many {it} are there ?",
+        "There are {a} {c1} on the left and {b} {c1} on the right , with {c} {it} in each . How many {it} in total ?",
+        "Every one of the {c1} holds {c} {it} . {n} owns {a} {c1} and borrows {b} more . How many {it} does {n} have ?",
+    ],
+    "sub_mul": [
+        "{n} has {a} {c1} and sells {b} of them . Each of the {c1} holds {c} {it} . How many {it} does {n} keep ?",
+        "Of {a} {c1} , {b} are broken and thrown out . Each good one has {c} {it} . How many {it} are in the good {c1} ?",
+        "Each of the {c1} holds {c} {it} . {n} started with {a} {c1} and lost {b} of them . How many {it} are left ?",
+    ],
+}
+
+
+def solve(shape, a, b, c):
+    """The worked steps (as text) and the answer of one problem."""
+    if shape == "mul_add":
+        m = a * b; return f"{a} * {b} = {m} . {m} + {c} = {m + c}", m + c
+    if shape == "mul_sub":
+        m = a * b; return f"{a} * {b} = {m} . {m} - {c} = {m - c}", m - c
+    if shape == "add_sub":
+        m = a + b; return f"{a} + {b} = {m} . {m} - {c} = {m - c}", m - c
+    if shape == "add_mul":
+        m = a + b; return f"{a} + {b} = {m} . {m} * {c} = {m * c}", m * c
+    if shape == "sub_mul":
+        m = a - b; return f"{a} - {b} = {m} . {m} * {c} = {m * c}", m * c
+    raise ValueError(f"unknown shape {shape!r}")
+
+
+def solution_text(shape, a, b, c):
+    steps, answer = solve(shape, a, b, c)
+    return f" {steps} . The answer is \\boxed{{{answer}}} ."
+
+
+@dataclass(frozen=True)
+class Problem:
+    original: str      # the question as first written
+    rephrased: str     # same mathematics, other wording and scenario
+    answer: str        # the ground truth, used only for metrics and the `gt` baseline
+    solution: str      # a worked solution of the original (the warm-up's target)
+
+
+def all_maths():
+    """Every (shape, a, b, c) the world knows, with non-negative, non-trivial answers."""
+    out = []
+    for shape in TEMPLATES:
+        for a in range(2, 13):
+            for b in range(2, 13):
+                for c in range(2, 13):
+                    if shape == "add_sub" and c >= a + b: continue
+                    if shape == "mul_sub" and c >= a * b: continue
+                    if shape == "sub_mul" and b >= a: continue
+                    out.append((shape, a, b, c))
+    return out
+
+
+def make_problem(rng, shape, a, b, c):
+    s1, s2 = rng.sample(SCENARIOS, 2)
+    t1, t2 = rng.sample(TEMPLATES[shape], 2)
+    fill = lambda t, s: t.format(n=s[0], c1=s[1], it=s[2], a=a, b=b, c=c)
+    _, answer = solve(shape, a, b, c)
+    return Problem(fill(t1, s1), fill(t2, s2), str(answer), solution_text(shape, a, b, c))
+
+
+SPLIT_SIZES = {"test": 200, "train": 1500, "warmup": None}   # None: all that is left
+
+
+def make_split(split, seed=0):
+    """The problems of one split. Splits are disjoint in their mathematics, fixed by `seed`."""
+    maths = all_maths()
+    random.Random(seed).shuffle(maths)
+    start = 0
+    for name, size in SPLIT_SIZES.items():
+        size = len(maths) - start if size is None else size
+        if name == split:
+            rng = random.Random(f"{seed}-{split}")
+            return [make_problem(rng, *m) for m in maths[start:start + size]]
+        start += size
+    raise ValueError(f"unknown split {split!r}; choose from {list(SPLIT_SIZES)}")
+
+
+def format_prompt(question):
+    return PROMPT_FORMAT.format(question=question)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Tokenizer
+
+def corpus():
+    """Every piece of text the world can produce."""
+    texts = [format_prompt(t.format(n=s[0], c1=s[1], it=s[2], a=2, b=3, c=4))
+             for ts in TEMPLATES.values() for t in ts for s in SCENARIOS]
+    texts += [f" {i} \\boxed{{{i}}} ." for i in range(0, 400)]
+    texts += [" * + - = . The answer is"]
+    return texts
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    words = {}
+    for text in corpus():
+        for w, _ in pre.pre_tokenize_str(text):
+            words.setdefault(w, len(words))
+    vocab = {EOS: 0, "<unk>": 1}
+    for w in sorted(words, key=words.get):
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, unk_token="<unk>")
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Model
+
+def model_config(vocab_size):
+    from transformers import Qwen3Config
+    return Qwen3Config(
+        vocab_size=(vocab_size + 63) // 64 * 64, hidden_size=128, intermediate_size=384,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=True,
+        eos_token_id=0, pad_token_id=0, bos_token_id=0, torch_dtype="float32")
+
+
+# --------------------------------------------------------------------------------------------
+# 4. The base model: a short supervised warm-up
+
+WARMUP = dict(steps=600, batch=64, lr=2e-3, seed=0)
+
+
+def warmup_batch(tokenizer, problems, rng, batch):
+    """Token ids and a loss mask (1 on response tokens) for `batch` random warm-up examples."""
+    seqs, masks = [], []
+    for p in rng.sample(problems, batch):
+        question = p.original if rng.random() < 0.5 else p.rephrased
+        prompt = tokenizer(format_prompt(question))["input_ids"]
+        response = tokenizer(p.solution)["input_ids"] + [tokenizer.eos_token_id]
+        seqs.append(prompt + response); masks.append([0] * len(prompt) + [1] * len(response))
+    width = max(map(len, seqs))
+    ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in seqs])
+    mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
+    return ids, mask
+
+
+def build_base_model(out_dir=BASE_DIR, steps=WARMUP["steps"], seed=WARMUP["seed"]):
+    """Train the base model from scratch (deterministic) and save it with its tokenizer."""
+    from transformers import Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer()
+    model = Qwen3ForCausalLM(model_config(len(tokenizer)))
+    problems = make_split("warmup")
+    opt = torch.optim.AdamW(model.parameters(), lr=WARMUP["lr"], weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
+    rng = random.Random(seed)
+    for step in range(steps):
+        ids, mask = warmup_batch(tokenizer, problems, rng, WARMUP["batch"])
+        logits = model(ids).logits[:, :-1]                                   # [B, T-1, V]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+        if step % 100 == 0 or step == steps - 1:
+            print(f"warm-up step {step:4d}  loss {loss.item():.3f}", flush=True)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def base_model_dir():
+    """The shipped base model; built (a few minutes) if missing."""
+    if not os.path.exists(os.path.join(BASE_DIR, "model.safetensors")):
+        print(f"building the classroom base model in {BASE_DIR} ...", flush=True)
+        build_base_model()
+    return BASE_DIR
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="Rebuild the classroom base model and show examples.")
+    ap.add_argument("--steps", type=int, default=WARMUP["steps"])
+    ap.add_argument("--out", default=BASE_DIR)
+    args = ap.parse_args()
+    p = make_split("train")[0]
+    print("original :", p.original, "\nrephrased:", p.rephrased, "\nsolution :", p.solution)
+    build_base_model(args.out, args.steps)
