@@ -1,0 +1,521 @@
+r"""Answers: pull the final answer out of a response, judge two answers equal as
+mathematics, and take a majority vote over equivalence classes.
+
+Co-rewarding's rewards are majority votes over final answers, so everything
+rests on one question: are two answers the same?  The official Co-rewarding
+code answers it with raw-string equality (`pred == label` on the boxed text),
+which splits `\frac12`, `0.5` and `1/2` into three votes (its majority vote
+counts raw strings) and pays none of them.  Here they are one vote, and
+different things stay different.
+
+`is_equiv(a, b)` works in four steps:
+
+1. Normalise each side (cached): drop `$`, `\$`, `\%`, degree signs, LaTeX
+   spacing, `\left`/`\right`, trailing unit text (`\text{ cm}`, `inches`),
+   an `x =` or `x \in` prefix and thousands separators; write `\dfrac`,
+   `\tfrac`, `\frac12`, `\sqrt2` one way; unwrap `\text{..}`; a
+   multiple-choice `(B)` becomes `B`; a mixed number `2\frac{1}{3}` becomes
+   the sum `(2+\frac{1}{3})`.  Equal normal forms are equal.
+2. Structure: `\{..\}` and bare comma lists are unordered sets, `a \pm b` is
+   the set {a+b, a-b}, `\cup` joins sets, brackets with commas are tuples or
+   intervals (order and both bracket kinds must match), `pmatrix` is a
+   matrix.  Parts are compared recursively with this same procedure.
+3. Numbers: integers, decimals, `a/b` and `\frac{a}{b}` become exact
+   Fractions: `142.0` == `142`, `025` == `25`; a decimal approximation never
+   equals an irrational (`1.414` != `\sqrt2`).
+4. Expressions: a small LaTeX reader turns the rest into sympy (refusing
+   anything it does not know), then: exact difference for rationals,
+   40-digit numerics for other constants (`2\sqrt2` == `\sqrt8`), and exact
+   evaluation at fixed sample points for expressions with variables
+   (`(a+5)(b+2)` == `ab+2a+5b+10`; Schwartz-Zippel identity testing).
+
+Why our own grader and not math-verify (HF's verifier)?  On perturbed gold
+answers of the shipped eval sets (bench_answers.py) both are near perfect
+(ours 100% / 100%, math-verify 99.9% / 100% right on equal / different
+pairs), and math-verify reads more of LaTeX.  But its timeouts use
+`signal.alarm`, which only works in the main thread (in a worker it raises,
+unless timeouts are switched off, and then `2^{2^{2^{2^{2^2}}}}` hangs; in the
+main thread it takes its 5 s timeout); it is ~90x slower (~600 against ~55,000 pairs/s); and
+it rounds floats, so `0.333333` == `1/3` and `3.1415927` == `\pi`, which merges
+approximations with exact answers in a vote.  This grader uses no signals:
+sympy only sees answers of at most MAX_SYMPY_CHARS characters and nesting
+MAX_NESTING, and every expression's number size is bounded before it is
+evaluated (`9^9^9^9` is refused, not computed), so it is safe in threads.
+"""
+
+import functools
+import math
+import re
+from fractions import Fraction
+
+import sympy
+from sympy.parsing.sympy_parser import parse_expr
+
+MAX_ANSWER_CHARS = 1_000  # longer "answers" are refused (normalise to None)
+MAX_NESTING = 20          # deeper bracket nesting is refused
+MAX_SYMPY_CHARS = 300     # longer expressions are compared as strings only
+MAX_PARTS = 20            # sets/tuples with more parts are compared as strings only
+MAX_BITS = 20_000         # refuse numbers that could need more bits than this
+
+# ---------------------------------------------------------------- extraction
+
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+
+
+def extract_answer(text):
+    """Content of the last `\\boxed{..}` / `\\fbox{..}` / `\\boxed 7`, else None.
+
+    The last box wins; if it is empty or its braces never close, the answer is
+    None (an earlier box is not used instead)."""
+    last = None
+    for last in _BOX.finditer(text or ""):
+        pass
+    if last is None:
+        return None
+    rest = text[last.end():]
+    stripped = rest.lstrip()
+    if stripped.startswith("{"):
+        content = _braced_content(stripped)
+    else:  # `\boxed 7`: the argument is the next run of non-space characters
+        token = re.match(r"[^\s${}][^\s$]*", stripped)
+        content = token.group(0) if token else None
+    if content is None or not content.strip():
+        return None
+    return content.strip()
+
+
+def _braced_content(text):
+    """Text inside the brace group that opens text, or None if it never closes."""
+    depth, i = 0, 0
+    while i < len(text):
+        char = text[i]
+        if char == "\\":  # `\{`, `\}` and `\\` are not grouping braces
+            i += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[1:i]
+        i += 1
+    return None
+
+# ------------------------------------------------------------- normalisation
+
+_DROP = re.compile(
+    r"(\\\\)|\\[,;:! ]|\\q?quad(?![A-Za-z])|~|\\displaystyle|\\(?:left|right)(?![A-Za-z])"
+    r"|\\?\$|\\?%|\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![A-Za-z])|°|\\degree(?![A-Za-z])")
+_TEXT_COMMAND = r"\\(?:text|textbf|textit|textrm|mbox|mathrm|mathbf|operatorname)\s*"
+_UNIT_TEXT = re.compile(r"(?<=\S)\s*" + _TEXT_COMMAND + r"\{\s*[A-Za-z][A-Za-z .]*\}(?:\^\{?\d\}?)?$")
+_UNIT_WORD = re.compile(
+    r"(?<=[\d}])\s+(?:cm|mm|km|meters?|inch(?:es)?|feet|foot|ft|yards?|miles?|units?|"
+    r"square units|degrees?|cents?|dollars?|hours?|minutes?|seconds?|days?|years?|"
+    r"pounds?|grams?|kg|mph)(?:\^\{?\d\}?)?$")
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+
+
+@functools.lru_cache(maxsize=100_000)
+def normalize(answer):
+    """Canonical string for an answer, or None if it is empty, over-long,
+    unbalanced or nested deeper than MAX_NESTING."""
+    if len(answer) > MAX_ANSWER_CHARS:
+        return None
+    s = _DROP.sub(lambda m: m.group(1) or "", answer)
+    s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s).replace("{,}", ",")
+    s = re.sub(_TEXT_COMMAND + r"\{\s*\}", "", s)
+    s = _UNIT_WORD.sub("", _UNIT_TEXT.sub("", s.strip()))
+    s = re.sub(_TEXT_COMMAND + r"\{([^{}]*)\}", r"\1", s)
+    if s.count("=") == 1 or "\\in" in s:  # `x = 3` -> `3`, `x \in [1,2]` -> `[1,2]`
+        s = re.sub(r"^\s*[A-Za-z]\s*(?:=|\\in(?![A-Za-z]))\s*(?=\S)", "", s)
+    # Whitespace only matters between two letters (`\cot x`, `\frac a b`).
+    s = re.sub(r"\s+", " ", s).strip()
+    s = re.sub(r"(?<![A-Za-z]) | (?![A-Za-z])", "", s)
+    # One spelling for shorthand arguments: \frac12, \frac9{19}, \frac{270}7, \sqrt2.
+    s = re.sub(r"\\frac ?([0-9A-Za-z]) ?([0-9A-Za-z])", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac ?([0-9A-Za-z])(?=\{)", r"\\frac{\1}", s)
+    s = re.sub(r"\\frac(\{[^{}]*\}) ?([0-9A-Za-z])", r"\\frac\1{\2}", s)
+    s = re.sub(r"\\sqrt ?([0-9A-Za-z])", r"\\sqrt{\1}", s)
+    # A mixed number is a sum: 2\frac{1}{3} -> (2+\frac{1}{3}), but x^2\frac{1}{3} is a product.
+    s = re.sub(r"(?<![\w.}^\\])(\d+)\\frac\{(\d+)\}\{(\d+)\}", r"(\1+\\frac{\2}{\3})", s)
+    s = s.rstrip(".")
+    if _THOUSANDS.fullmatch(s):
+        s = s.replace(",", "")
+    s = re.sub(r"^\(([A-Z])\)$", r"\1", s)  # multiple choice: (B) -> B
+    if re.fullmatch(r"[A-Za-z]{3,}( [A-Za-z]+)*", s):  # words: East == east
+        s = s.lower()
+    if not s or _nesting(s) is None:
+        return None
+    return s
+
+
+def _nesting(s):
+    """Deepest bracket nesting of s, or None if unbalanced or too deep."""
+    depth = deepest = 0
+    for char in s:
+        if char in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in ")]}":
+            depth -= 1
+            if depth < 0:
+                return None
+    return deepest if depth == 0 and deepest <= MAX_NESTING else None
+
+# ------------------------------------------------------- structure and compare
+
+
+def is_equiv(a, b):
+    """True when answers a and b are equal as mathematics; None -> False."""
+    if a is None or b is None:
+        return False
+    a, b = normalize(a), normalize(b)
+    if a is None or b is None:
+        return False
+    return _equiv_normalized(min(a, b), max(a, b))
+
+
+@functools.lru_cache(maxsize=100_000)
+def _equiv_normalized(a, b):
+    """is_equiv on normal forms (given in sorted order, so the cache sees each pair once)."""
+    if a == b:
+        return True
+    kind_a, parts_a = _structure(a)
+    kind_b, parts_b = _structure(b)
+    if max(len(parts_a), len(parts_b)) > MAX_PARTS:
+        return False
+    if kind_a != kind_b or len(parts_a) != len(parts_b):
+        return False
+    if kind_a == "atom":
+        return _equiv_atoms(parts_a[0], parts_b[0])
+    if kind_a == "set":  # unordered: match each part of a to an unused part of b
+        unused = list(parts_b)
+        for part in parts_a:
+            match = next((q for q in unused if is_equiv(part, q)), None)
+            if match is None:
+                return False
+            unused.remove(match)
+        return True
+    return all(is_equiv(p, q) for p, q in zip(parts_a, parts_b))
+
+
+def _structure(s):
+    """(kind, parts): kind is "atom", "set", "matrix" or a tuple/interval's
+    bracket pair such as "(]"; parts are strings."""
+    matrix = re.fullmatch(r"\\begin\{([pbv]?matrix)\}(.*)\\end\{\1\}", s)
+    if matrix:
+        rows = [row.split("&") for row in matrix.group(2).split("\\\\")]
+        return f"matrix{len(rows)}x{len(rows[0])}", [x for row in rows for x in row]
+    unions = _split_top_level(s, "\\cup")
+    if len(unions) > 1:
+        return "set", unions
+    if s.startswith("\\{") and s.endswith("\\}") and _encloses(s[1:]):
+        return "set", _expand_pm(_split_top_level(s[2:-2], ","))
+    if s[0] in "([" and s[-1] in ")]" and _encloses(s):
+        items = _split_top_level(s[1:-1], ",")
+        if len(items) > 1:
+            return s[0] + s[-1], items
+        if s[0] + s[-1] == "()":  # plain grouping: (5) is 5
+            return _structure(s[1:-1])
+    items = _split_top_level(s, ",")
+    if len(items) > 1 or s.count("\\pm") == 1:
+        return "set", _expand_pm(items)
+    return "atom", [s]
+
+
+def _split_top_level(s, separator):
+    """Split s at separators that are not inside any brackets."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(s):
+        if s[i] in "([{":
+            depth += 1
+        elif s[i] in ")]}":
+            depth -= 1
+        elif depth == 0 and s.startswith(separator, i):
+            parts.append(s[start:i])
+            start = i + len(separator)
+            i = start
+            continue
+        i += 1
+    return parts + [s[start:]]
+
+
+def _encloses(s):
+    """True when the bracket opening s is closed by the last character."""
+    depth = 0
+    for i, char in enumerate(s):
+        depth += (char in "([{") - (char in ")]}")
+        if depth == 0:
+            return i == len(s) - 1
+    return False
+
+
+def _expand_pm(items):
+    """`1\\pm\\sqrt5` stands for two items, `1+\\sqrt5` and `1-\\sqrt5`."""
+    expanded = []
+    for item in items:
+        if item.count("\\pm") == 1:
+            expanded += [item.replace("\\pm", sign) for sign in "+-"]
+        else:
+            expanded.append(item)
+    return expanded
+
+
+def _equiv_atoms(a, b):
+    number_a, number_b = _as_fraction(a), _as_fraction(b)
+    if number_a is not None and number_b is not None:
+        return number_a == number_b
+    if a.count("=") == 1 and b.count("=") == 1:  # equations: equal up to sign
+        left_a, right_a = (_to_sympy(side) for side in a.split("="))
+        left_b, right_b = (_to_sympy(side) for side in b.split("="))
+        if None in (left_a, right_a, left_b, right_b):
+            return False
+        return (_sympy_equal(left_a - right_a, left_b - right_b)
+                or _sympy_equal(left_a - right_a, right_b - left_b))
+    if "=" in a or "=" in b:
+        return False
+    expr_a, expr_b = _to_sympy(a), _to_sympy(b)
+    if expr_a is None or expr_b is None:
+        return False
+    return _sympy_equal(expr_a, expr_b)
+
+# ------------------------------------------------------------------- numbers
+
+_NUM = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
+_FRACTION_FORMS = [
+    re.compile(rf"(?P<num>{_NUM})"),
+    re.compile(rf"(?P<num>{_NUM})/(?P<den>{_NUM})"),
+    re.compile(rf"(?P<sign>[+-]?)\\frac\{{(?P<num>{_NUM})\}}\{{(?P<den>{_NUM})\}}"),
+]
+
+
+@functools.lru_cache(maxsize=100_000)
+def _as_fraction(s):
+    """Exact value of a plain number (integer, decimal, a/b, \\frac{a}{b})."""
+    if len(s) > 200:
+        return None
+    for form in _FRACTION_FORMS:
+        match = form.fullmatch(s)
+        if match:
+            parts = match.groupdict()
+            value = Fraction(parts["num"])
+            if parts.get("den") is not None:
+                if Fraction(parts["den"]) == 0:
+                    return None
+                value /= Fraction(parts["den"])
+            return -value if parts.get("sign") == "-" else value
+    return None
+
+# --------------------------------------------------------- LaTeX -> sympy
+
+_TOKEN = re.compile(r"\s+|(\\[A-Za-z]+|\\[{}]|\d+(?:\.\d*)?|\.\d+|[A-Za-z]+|[-+*/^(){}\[\]])")
+_FUNCTIONS = {name: getattr(sympy, name) for name in
+              ("sqrt", "root", "sin", "cos", "tan", "cot", "sec", "csc", "log", "exp")}
+_FUNCTIONS.update(ln=sympy.log, arcsin=sympy.asin, arccos=sympy.acos, arctan=sympy.atan)
+_CONSTANTS = {"\\pi": "pi", "pi": "pi", "\\infty": "oo", "e": "E", "i": "I"}
+_GREEK = {"alpha", "beta", "gamma", "delta", "theta", "mu", "phi", "omega"}
+_OPERATORS = {"+": "+", "-": "-", "*": "*", "/": "/", "\\cdot": "*", "\\times": "*", "\\div": "/"}
+_CLOSERS = {"(": ")", "{": "}", "[": "]"}
+_NAMES = {**_FUNCTIONS, "pi": sympy.pi, "E": sympy.E, "I": sympy.I, "oo": sympy.oo,
+          "Integer": sympy.Integer, "Rational": sympy.Rational, "Add": sympy.Add,
+          "Mul": sympy.Mul, "Pow": sympy.Pow, "__builtins__": {}}
+
+
+class _NotMath(ValueError):
+    """The text is outside the small LaTeX subset this module reads."""
+
+
+@functools.lru_cache(maxsize=100_000)
+def _to_sympy(s):
+    """sympy expression for a short LaTeX expression, or None.
+
+    The reader emits Python text made only of whitelisted names, numbers and
+    operators, so handing it to parse_expr (which uses eval) is safe."""
+    try:
+        if len(s) > MAX_SYMPY_CHARS:
+            return None
+        tokens = _tokenize(s)
+        python, _ = _read_sequence(tokens, 0, None)
+        symbols = {t: sympy.Symbol(t) for t in python if t.isalpha() and t not in _NAMES}
+        expr = parse_expr(_with_implicit_products(python), local_dict=symbols,
+                          global_dict=dict(_NAMES), transformations=(), evaluate=False)
+        if _bit_bound(expr) > MAX_BITS:  # a tower of powers: refuse before evaluating
+            return None
+        return expr.doit()
+    # sympy raises many exception types (TypeError, ValueError, SyntaxError,
+    # RecursionError, its own errors) on odd input; any of them means "unreadable".
+    except Exception:
+        return None
+
+
+def _tokenize(s):
+    """LaTeX tokens of s: `ab` is two letters (a product), `sin` one name;
+    a run of three or more letters is a word, never an expression."""
+    tokens, pos = [], 0
+    while pos < len(s):
+        match = _TOKEN.match(s, pos)
+        if match is None:
+            raise _NotMath(s[pos])
+        pos, token = match.end(), match.group(1)
+        if not token:
+            continue
+        if token[0].isalpha() and token not in _FUNCTIONS and token not in _CONSTANTS:
+            if len(token) > 2:
+                raise _NotMath(token)
+            tokens.extend(token)
+        else:
+            tokens.append(token)
+    return tokens
+
+
+def _read_sequence(tokens, pos, closer):
+    """Python tokens for tokens[pos:] up to the closer; returns (tokens, next pos)."""
+    out = []
+    while pos < len(tokens) and tokens[pos] != closer:
+        piece, pos = _read_item(tokens, pos)
+        out += piece
+    if closer is not None:
+        if pos >= len(tokens):
+            raise _NotMath("unclosed group")
+        pos += 1
+    return out, pos
+
+
+def _read_item(tokens, pos):
+    """Python tokens for one LaTeX item (a token, group, \\frac, \\sqrt, ...)."""
+    if pos >= len(tokens):
+        raise _NotMath("missing argument")
+    token, pos = tokens[pos], pos + 1
+    name = token.lstrip("\\")
+    if token in _CLOSERS:
+        inner, pos = _read_sequence(tokens, pos, _CLOSERS[token])
+        return ["(", *inner, ")"], pos
+    if token == "\\frac":
+        numerator, pos = _read_item(tokens, pos)
+        denominator, pos = _read_item(tokens, pos)
+        return ["(", *numerator, ")", "/", "(", *denominator, ")"], pos
+    if token == "\\sqrt" and pos < len(tokens) and tokens[pos] == "[":
+        index, pos = _read_sequence(tokens, pos + 1, "]")
+        radicand, pos = _read_item(tokens, pos)
+        return ["root", "(", *radicand, ",", *index, ")"], pos
+    if name in _FUNCTIONS:  # \sin x, \sin(x), \sin^2 x, \sqrt{2}
+        power = []
+        if pos < len(tokens) and tokens[pos] == "^":
+            exponent, pos = _read_item(tokens, pos + 1)
+            power = ["**", "(", *exponent, ")"]
+        argument, pos = _read_item(tokens, pos)
+        return ["(", name, "(", *argument, ")", ")", *power], pos
+    if token == "^":
+        exponent, pos = _read_item(tokens, pos)
+        return ["**", "(", *exponent, ")"], pos
+    if token in _OPERATORS:
+        return [_OPERATORS[token]], pos
+    if token in _CONSTANTS:
+        return [_CONSTANTS[token]], pos
+    if name in _GREEK:
+        return [name], pos
+    if token[0].isdigit() or token[0] == ".":
+        return [f"Integer({int(token)})" if token.isdigit() else f"Rational('{token}')"], pos
+    if len(token) == 1 and token.isalpha():
+        return [token], pos
+    raise _NotMath(token)
+
+
+def _with_implicit_products(python):
+    """Join Python tokens, writing the `*` that LaTeX leaves out (`2x`, `(a)(b)`)."""
+    out = []
+    for token in python:
+        ends_operand = out and (out[-1] == ")" or (out[-1][0].isalnum() and out[-1] not in _FUNCTIONS))
+        if ends_operand and (token == "(" or token[0].isalnum()):
+            out.append("*")
+        out.append(token)
+    return " ".join(out)
+
+
+def _bit_bound(expr):
+    """Upper estimate of the bits of any number expr evaluates to (variables
+    count as small numbers), computed without evaluating expr."""
+    if expr.is_Rational:
+        return max(expr.p.bit_length(), expr.q.bit_length(), 1)
+    if not expr.args:  # symbols and constants
+        return 4
+    if expr.is_Pow:
+        exponent_bits = _bit_bound(expr.args[1])
+        if exponent_bits > 24:
+            return math.inf
+        return _bit_bound(expr.args[0]) * 2.0 ** exponent_bits
+    return sum(_bit_bound(arg) for arg in expr.args) + 1
+
+# ------------------------------------------------------- sympy comparison
+
+_SAMPLE_POINTS = [(3, 7), (5, 11), (-4, 13)]  # variable k takes (n + k) / d
+
+
+def _sympy_equal(a, b):
+    """Equal constants, or expressions equal at every sample point."""
+    try:
+        if any(expr.has(sympy.zoo, sympy.nan) for expr in (a, b)):
+            return False  # 1/0 is no answer, not even equal to itself
+        if a == b:
+            return True
+        variables = sorted(a.free_symbols | b.free_symbols, key=str)
+        if not variables:
+            return _constants_equal(a, b)
+        agreed = 0
+        for numerator, denominator in _SAMPLE_POINTS:
+            point = {v: sympy.Rational(numerator + k, denominator) for k, v in enumerate(variables)}
+            value_a, value_b = a.subs(point), b.subs(point)
+            if not (value_a.is_finite and value_b.is_finite):
+                continue  # a pole: this point says nothing
+            if not _constants_equal(value_a, value_b):
+                return False
+            agreed += 1
+        return agreed >= 2
+    # As in _to_sympy: sympy's failures come in many types; all mean "not shown equal".
+    except Exception:
+        return False
+
+
+def _constants_equal(a, b):
+    """Exact for rationals, 40 significant digits for other constants."""
+    difference = a - b
+    if difference == 0:
+        return True
+    if difference.is_Rational or not difference.is_number:
+        return False
+    value = sympy.N(difference, 40)
+    scale = max(1, abs(sympy.N(a, 40)))
+    return bool(value.is_finite and abs(value) < sympy.Float("1e-30") * scale)
+
+# ------------------------------------------------------------------- voting
+
+
+def majority_vote(answers):
+    """Representative of the largest class of equivalent answers, or None.
+
+    None and unreadable answers are ignored.  Each answer joins the first
+    class (in order of creation) whose first member it equals; ties between
+    equally large classes go to the class whose first member came first, and
+    that first member is returned exactly as written."""
+    classes = []    # [first member's number or None, members...], in order of creation
+    by_number = {}  # exact value -> the class of that plain number
+    for answer in answers:
+        if answer is None or normalize(answer) is None:
+            continue
+        number = _as_fraction(normalize(answer))
+        if number in by_number:
+            by_number[number].append(answer)
+            continue
+        # Two plain numbers are equal exactly when their Fractions are, so a
+        # new number is only compared with the classes of other answers.
+        for members in classes:
+            if (number is None or members[0] is None) and is_equiv(members[1], answer):
+                members.append(answer)
+                break
+        else:
+            classes.append([number, answer])
+            if number is not None:
+                by_number[number] = classes[-1]
+    if not classes:
+        return None
+    return max(classes, key=len)[1]  # max keeps the first of equally large classes
