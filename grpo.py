@@ -11,9 +11,9 @@ The policy loss of one response token, with ratio ρ = π_θ / π_old at the sam
 
     loss_t = -min(ρ A, clip(ρ, 1-ε, 1+ε) A) + β (exp(r_t) - r_t - 1),   r_t = log π_ref - log π_θ
 
-π_old is the policy that sampled the batch; its log-probs are recomputed by the trainer (one
-no-grad pass) rather than taken from the sampler, so that sampler/trainer numerical gaps never
-enter the ratio. The sampler's own log-probs are only compared against them, as a check that
+π_old is the policy that sampled the batch; its log-probs are recomputed by the trainer
+rather than taken from the sampler, so that sampler/trainer numerical gaps never enter the
+ratio. The sampler's own log-probs are only compared against them, as a check that
 the weight sync worked. A step's batch may be split into several optimizer updates
 (mini-batches, where clipping matters) and each update into micro-batches (for memory).
 
@@ -176,31 +176,35 @@ def score(model, batch, cfg):
 
 
 def train_step(policy, ref, optimizer, batch, cfg, world_size, generator=None):
-    """Old and reference log-probs, then `cfg.mini_batches` clipped-GRPO updates.
+    """Reference log-probs, then `cfg.mini_batches` clipped-GRPO updates.
 
-    Every rank must hold the same number of sequences (FSDP's collectives pair up per
-    forward and backward). Returns token sums for metrics (summed over ranks by the caller)."""
-    old_logp, entropy = score(policy, batch, cfg)
+    π_old is the policy that sampled the batch. With one update per step it is the policy
+    being updated, so its log-probs are the update's own forward, detached; with several
+    updates they come from one no-grad pass before the first. Every rank must hold the same
+    number of sequences (FSDP's collectives pair up per forward and backward). Returns token
+    sums for metrics (the caller sums them over ranks); kl and entropy are those of each
+    update's forward."""
     ref_logp, _ = score(ref, batch, cfg)
+    old_logp = score(policy, batch, cfg)[0] if cfg.mini_batches > 1 else None
     m = batch.mask
-    log_r = ref_logp - old_logp
-    stats = {
-        "tokens": m.sum().item(),
-        "kl_sum": ((torch.exp(log_r) - log_r - 1) * m).sum().item(),
-        "entropy_sum": (entropy * m).sum().item(),
-        "sampler_gap_sum": ((batch.sampler_logp - old_logp).abs() * m).sum().item(),
-        "clipped_sum": 0.0, "grad_norm": 0.0,
-    }
+    stats = {"tokens": m.sum().item(), "kl_sum": 0.0, "entropy_sum": 0.0, "sampler_gap_sum": 0.0,
+             "clipped_sum": 0.0, "grad_norm": 0.0}
     order = torch.randperm(len(batch), generator=generator).to(batch.input_ids.device)
     for mb in order.chunk(cfg.mini_batches):
-        normalizer = loss_normalizer(batch.mask[mb].sum().item(), world_size, m.device)
+        normalizer = loss_normalizer(m[mb].sum().item(), world_size, m.device)
         for s in micro_batches(len(mb), cfg.micro_batch_size):
-            rows = mb[s]
-            logp, _ = token_logprobs(policy, batch.input_ids[rows], cfg.temperature)
-            loss, clipped = grpo_loss(logp, old_logp[rows], ref_logp[rows], batch.advantages[rows],
-                                      m[rows], cfg.clip_eps, cfg.kl_coef, normalizer)
+            rows, mask = mb[s], m[mb[s]]
+            logp, entropy = token_logprobs(policy, batch.input_ids[rows], cfg.temperature)
+            old = logp.detach() if old_logp is None else old_logp[rows]
+            loss, clipped = grpo_loss(logp, old, ref_logp[rows], batch.advantages[rows],
+                                      mask, cfg.clip_eps, cfg.kl_coef, normalizer)
             loss.backward()
-            stats["clipped_sum"] += (clipped * m[rows]).sum().item()
+            with torch.no_grad():
+                log_r = ref_logp[rows] - logp
+                stats["kl_sum"] += ((torch.exp(log_r) - log_r - 1) * mask).sum().item()
+                stats["entropy_sum"] += (entropy * mask).sum().item()
+                stats["sampler_gap_sum"] += ((batch.sampler_logp[rows] - old).abs() * mask).sum().item()
+                stats["clipped_sum"] += (clipped * mask).sum().item()
         norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
         stats["grad_norm"] = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         optimizer.step()

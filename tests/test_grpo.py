@@ -86,9 +86,10 @@ def _train_once(micro_batch_size, mini_batches=1, world_size=1):
     return dict(full_weights(model))
 
 
-def test_micro_batches_match_whole_batch(dist_world):
-    whole = _train_once(micro_batch_size=6)
-    micro = _train_once(micro_batch_size=2)
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_micro_batches_match_whole_batch(dist_world, mini_batches):
+    whole = _train_once(micro_batch_size=6, mini_batches=mini_batches)
+    micro = _train_once(micro_batch_size=2, mini_batches=mini_batches)
     start = _tiny_model().state_dict()
     moved = 0.0
     for name in whole:
