@@ -132,10 +132,8 @@ class Batch:
         return Batch(self.input_ids[idx], self.mask[idx], self.advantages[idx], self.sampler_logp[idx])
 
 
-def make_batch(samples, advantages, pad_id, device):
-    """samples: [N] rollout.Sample; advantages: [N] floats."""
-    if len(samples) != len(advantages):
-        raise ValueError(f"{len(samples)} samples but {len(advantages)} advantages")
+def make_batch(samples, pad_id, device):
+    """samples: [N] rollout.Sample. Advantages start at zero; the caller sets them."""
     width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     mask = torch.zeros(len(samples), width - 1)
@@ -147,8 +145,7 @@ def make_batch(samples, advantages, pad_id, device):
         ids[i, :p + r] = torch.tensor(s.prompt_ids + s.token_ids)
         mask[i, p - 1:p + r - 1] = 1.0                     # logits at t predict token t+1
         slogp[i, p - 1:p + r - 1] = torch.tensor(s.logprobs)
-    adv = torch.as_tensor(advantages, dtype=torch.float32)
-    return Batch(ids.to(device), mask.to(device), adv.to(device), slogp.to(device))
+    return Batch(ids.to(device), mask.to(device), torch.zeros(len(samples), device=device), slogp.to(device))
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,6 +170,17 @@ def score(model, batch, cfg):
     """logp, entropy [N, T-1] of a frozen model over the batch, in micro-batches."""
     outs = [token_logprobs(model, batch.input_ids[s], cfg.temperature) for s in micro_batches(len(batch), cfg.micro_batch_size)]
     return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+
+@torch.no_grad()
+def score_responses(model, batch, cfg, fn):
+    """[N] per-response values fn(log-probs over the vocabulary [B, T-1, V], mask [B, T-1]) of a
+    model at the sampling temperature, in micro-batches (the answer-free rewards)."""
+    out = []
+    for s in micro_batches(len(batch), cfg.micro_batch_size):
+        logits = model(input_ids=batch.input_ids[s]).logits[:, :-1].float() / cfg.temperature
+        out.append(fn(logits.log_softmax(-1), batch.mask[s]))
+    return torch.cat(out)
 
 
 def train_step(policy, ref, optimizer, batch, cfg, world_size, generator=None):

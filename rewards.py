@@ -10,6 +10,16 @@ Methods differ only in where the label comes from:
     coreward1  the majority answer over the G responses to the *other view* of the question:
                the rephrased view's vote labels the original's responses, and vice versa
                (Co-rewarding-I)
+    coreward2  the majority answer over G responses of the EMA teacher (teacher.py) to the
+               same question (Co-rewarding-II)
+    coreward3  the majority answer over G teacher responses to the other view (beyond the
+               paper: the authors' later code)
+
+Two baselines need no answer at all; their reward is computed from the policy's own token
+distributions over the response (`certainty_rewards`):
+
+    self_certainty   mean over response tokens of KL(Uniform || p)   (Intuitor)
+    entropy          minus the mean token entropy                  (RENT)
 
 A step's groups come as one flat list over views: groups [0, P) are the original questions
 and [P, 2P) their rephrasings, so group i's twin is `twin(i) = (i + P) mod 2P`. All methods
@@ -21,7 +31,13 @@ Departure from the official code: answers are compared and voted on as mathemati
 """
 from answers import extract_answer, is_equiv, majority_vote  # noqa: F401  (re-exported API)
 
-METHODS = ("gt", "majority", "coreward1")
+import math
+
+import torch
+
+METHODS = ("gt", "majority", "coreward1", "coreward2", "coreward3", "self_certainty", "entropy")
+TEACHER_METHODS = ("coreward2", "coreward3")          # label with the EMA teacher's votes
+ANSWER_FREE_METHODS = ("self_certainty", "entropy")  # reward from the policy's token distributions
 
 
 def check_method(method):
@@ -34,25 +50,49 @@ def twin(i, n_groups):
     return (i + n_groups // 2) % n_groups
 
 
-def labels_for(method, answers, ground_truth):
+def labels_for(method, answers, ground_truth, teacher_answers=None):
     """One label per group.
 
     answers: [2P][G] extracted answers (None where a response has none), originals first.
     ground_truth: [2P] gold answers (used by `gt`, and by the metrics of every method).
+    teacher_answers: [2P][G] the teacher's answers to the same prompts (teacher methods only).
     """
     check_method(method)
     n = len(answers)
     if n % 2:
         raise ValueError(f"expected an even number of groups (originals, then rephrasings), got {n}")
+    if method in ANSWER_FREE_METHODS:
+        raise ValueError(f"{method} has no labels: its reward comes from certainty_rewards")
     if method == "gt":
         return list(ground_truth)
+    if method in TEACHER_METHODS:
+        if teacher_answers is None or len(teacher_answers) != n:
+            raise ValueError(f"{method} needs the teacher's answers for each of the {n} groups")
+        answers = teacher_answers
     votes = [majority_vote(group) for group in answers]
-    if method == "majority":
-        return votes
-    return [votes[twin(i, n)] for i in range(n)]     # coreward1: the other view's vote
+    if method in ("majority", "coreward2"):
+        return votes                                  # the same question's vote
+    return [votes[twin(i, n)] for i in range(n)]      # coreward1, coreward3: the other view's vote
 
 
 def rewards_for(answers, labels):
     """[2P][G] rewards in {0, 1}: 1 when the answer equals the group's label."""
     return [[float(label is not None and a is not None and is_equiv(a, label)) for a in group]
             for group, label in zip(answers, labels)]
+
+
+def certainty_rewards(method, logp_all, mask):
+    """Per-response rewards of the answer-free methods.
+
+    logp_all [N, T, V]: the policy's log-probs over the vocabulary at each position;
+    mask [N, T]: 1 on response positions. Returns [N]:
+      self_certainty: mean_t KL(U || p_t) = mean_t ( -log V - (1/V) sum_v log p_t(v) )
+      entropy:        -mean_t H(p_t)     = mean_t sum_v p_t(v) log p_t(v)
+    """
+    if method == "self_certainty":
+        per_token = -math.log(logp_all.shape[-1]) - logp_all.mean(-1)
+    elif method == "entropy":
+        per_token = (logp_all.exp() * logp_all).sum(-1)
+    else:
+        raise ValueError(f"{method} is not an answer-free method ({', '.join(ANSWER_FREE_METHODS)})")
+    return (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)

@@ -31,12 +31,14 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import data
-from grpo import StepConfig, full_weights, group_advantages, init_distributed, make_batch, shard, train_step
-from rewards import METHODS, extract_answer, is_equiv, labels_for, rewards_for
+from grpo import StepConfig, full_weights, group_advantages, init_distributed, make_batch, score_responses, shard, train_step
+from rewards import (ANSWER_FREE_METHODS, METHODS, TEACHER_METHODS, certainty_rewards, extract_answer, is_equiv,
+                     labels_for, rewards_for)
+from teacher import ema_decay, ema_update, teacher_rollout
 
 PRESETS = {
     "classroom": dict(
-        data="classroom", pairs_per_step=16, group_size=8, steps=60, lr=2e-4, weight_decay=0.0,
+        data="classroom", pairs_per_step=16, group_size=8, steps=60, lr=1e-4, weight_decay=0.0,
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
         max_prompt_len=64, max_response_len=48, mini_batches=1, micro_batch_size=256,
         eval_every=20, eval_k=8, eval_limit=200, dtype="float32"),
@@ -45,6 +47,11 @@ PRESETS = {
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
         max_prompt_len=512, max_response_len=3072, mini_batches=2, micro_batch_size=4,
         eval_every=20, eval_k=8, eval_limit=500, dtype="bfloat16"),
+}
+# A method is a set of argument values: these override the preset unless given on the command line.
+METHOD_DEFAULTS = {
+    "coreward2": dict(kl_coef=0.001),       # the KL anchor is the EMA teacher, weaker than to the start model
+    "coreward3": dict(kl_coef=0.001),
 }
 
 
@@ -66,10 +73,13 @@ def parse_args(argv=None):
                        ("max_response_len", int), ("mini_batches", int), ("micro_batch_size", int),
                        ("eval_every", int), ("eval_k", int), ("eval_limit", int), ("dtype", str)]:
         ap.add_argument(f"--{name}", type=kind)
+    ap.add_argument("--ema_start", type=float, default=0.99, help="the teacher's EMA decay at the first step")
+    ap.add_argument("--ema_end", type=float, default=0.9999, help="... and at the last (the official code: 0.99999)")
     ap.add_argument("--max_sampler_gap", type=float, default=0.1,
                     help="stop when the sampler's and the trainer's log-probs differ by more than this (mean per token)")
     args = ap.parse_args(argv)
-    preset = PRESETS[args.preset or ("classroom" if args.model is None else "official")]
+    preset = {**PRESETS[args.preset or ("classroom" if args.model is None else "official")],
+              **METHOD_DEFAULTS.get(args.method, {})}
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -139,8 +149,10 @@ def main(argv=None):
     dtype = getattr(torch, args.dtype)
     policy = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device),
                    param_dtype=None if dtype == torch.float32 else dtype)
+    # The KL anchor: the frozen start model, or for the teacher methods the EMA teacher (which also samples).
     ref = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).requires_grad_(False),
                 param_dtype=None if dtype == torch.float32 else dtype)
+    teacher = ref if args.method in TEACHER_METHODS else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(args.steps, args.warmup_ratio))
     engine = make_engine(args.backend, model_dir, args.max_prompt_len, args.max_response_len,
@@ -176,16 +188,29 @@ def main(argv=None):
         t0 = time.perf_counter()
         prompts = [encode(p.original) for p in mine] + [encode(p.rephrased) for p in mine]
         groups = engine.generate(prompts, args.group_size, args.temperature, args.max_response_len)
+
+        teacher_answers = None
+        if teacher is not None:
+            teacher_groups = teacher_rollout(engine, teacher, policy, prompts, args.group_size, args.temperature, args.max_response_len)
+            teacher_answers = [[extract_answer(s.text) for s in g] for g in teacher_groups]
         t1 = time.perf_counter()
 
         gold = [p.answer for p in mine] * 2
         answers = [[extract_answer(s.text) for s in g] for g in groups]
-        labels = labels_for(args.method, answers, gold)
-        rewards = torch.tensor(rewards_for(answers, labels))                          # [2P, G]
-        advantages = group_advantages(rewards)
-        batch = make_batch([s for g in groups for s in g], advantages.flatten().tolist(), tokenizer.pad_token_id or 0, device)
+        batch = make_batch([s for g in groups for s in g], tokenizer.pad_token_id or 0, device)
+        if args.method in ANSWER_FREE_METHODS:
+            labels = None
+            fn = lambda logp_all, mask: certainty_rewards(args.method, logp_all, mask)
+            rewards = score_responses(policy, batch, step_cfg, fn).view(len(groups), args.group_size).cpu()
+        else:
+            labels = labels_for(args.method, answers, gold, teacher_answers)
+            rewards = torch.tensor(rewards_for(answers, labels))                      # [2P, G]
+        batch.advantages = group_advantages(rewards).flatten().to(device)
         stats = train_step(policy, ref, optimizer, batch, step_cfg, world_size)
         scheduler.step()
+        alpha = 1 - ema_decay(step - 1, args.steps - 1, args.ema_start, args.ema_end)
+        if teacher is not None:
+            ema_update(teacher, policy, alpha)
         t2 = time.perf_counter()
         engine.load_weights(full_weights(policy))
         t3 = time.perf_counter()
@@ -196,20 +221,23 @@ def main(argv=None):
             "reward": rewards.sum().item(),
             "correct": sum(is_equiv(a, g) for group, g in zip(answers, gold) for a in group),
             "no_answer": sum(a is None for group in answers for a in group),
-            "label_correct": sum(is_equiv(label, g) for label, g in zip(labels, gold)),
+            "label_correct": sum(is_equiv(label, g) for label, g in zip(labels or [], gold)),
         }, device)
         n, tokens = sums["responses"], sums["tokens"]
         record = {
             "step": step, "reward": sums["reward"] / n, "rollout_acc": sums["correct"] / n,
-            "label_acc": sums["label_correct"] / sums["groups"], "no_answer": sums["no_answer"] / n,
+            "label_acc": None if labels is None else sums["label_correct"] / sums["groups"],
+            "no_answer": sums["no_answer"] / n,
             "kl": sums["kl_sum"] / tokens, "entropy": sums["entropy_sum"] / tokens,
             "response_len": tokens / n, "clip_frac": sums["clipped_sum"] / tokens,
             "grad_norm": stats["grad_norm"], "lr": scheduler.get_last_lr()[0],
             "sampler_gap": sums["sampler_gap_sum"] / tokens,
             "t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": t3 - t2,
+            **({"ema_alpha": alpha} if teacher is not None else {}),
         }
         log.write(record)
-        bar.set_postfix(reward=f"{record['reward']:.2f}", label_acc=f"{record['label_acc']:.2f}", acc=f"{record['rollout_acc']:.2f}")
+        bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
+                        label_acc="-" if labels is None else f"{record['label_acc']:.2f}")
         if record["sampler_gap"] > args.max_sampler_gap:
             raise RuntimeError(f"step {step}: the rollout engine's log-probs differ from the trainer's by "
                                f"{record['sampler_gap']:.3f} per token (> --max_sampler_gap {args.max_sampler_gap}): "

@@ -15,11 +15,11 @@ Everything a Co-rewarding run needs, built in code, on any CPU, in minutes:
    transformers and vLLM both load it.
 4. A tiny Qwen3 (4 layers, width 128, head_dim 32 since vLLM's CPU attention rejects 16).
 5. A base model: a short supervised warm-up on worked solutions of the `warmup` problems,
-   deliberately stopped early so that the model is imperfect and unsure: at temperature 1.0
-   the majority of 8 samples is right clearly more often than a single sample, which is
-   exactly the situation where label-free rewards carry signal. It is deterministic from
-   this file and shipped in `classroom/base/`; `python world.py` rebuilds it and prints its
-   accuracy.
+   deliberately imperfect. It is stopped early (it has not learnt all of the arithmetic) and
+   trained with label smoothing (it keeps a little probability on every token), so that at
+   temperature 1.0 it often slips: one sample is right far less often than the majority of 8,
+   which is exactly the situation where label-free rewards carry signal. It is deterministic
+   from this file and shipped in `classroom/base/`; `python world.py` rebuilds it.
 
 The classroom prompt is plain text ("Question: ...\\nAnswer:"), as for a base model; the
 paper's system prompt is left out here because this tokenizer has no words for it.
@@ -77,24 +77,19 @@ TEMPLATES = {
 }
 
 
-def solve(shape, a, b, c):
-    """The worked steps (as text) and the answer of one problem."""
-    if shape == "mul_add":
-        m = a * b; return f"{a} * {b} = {m} . {m} + {c} = {m + c}", m + c
-    if shape == "mul_sub":
-        m = a * b; return f"{a} * {b} = {m} . {m} - {c} = {m - c}", m - c
-    if shape == "add_sub":
-        m = a + b; return f"{a} + {b} = {m} . {m} - {c} = {m - c}", m - c
-    if shape == "add_mul":
-        m = a + b; return f"{a} + {b} = {m} . {m} * {c} = {m * c}", m * c
-    if shape == "sub_mul":
-        m = a - b; return f"{a} - {b} = {m} . {m} * {c} = {m * c}", m * c
-    raise ValueError(f"unknown shape {shape!r}")
+# shape -> (first operation on a and b, second operation on that result and c)
+SHAPES = {"mul_add": ("*", "+"), "mul_sub": ("*", "-"), "add_sub": ("+", "-"), "add_mul": ("+", "*"), "sub_mul": ("-", "*")}
+OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
 
 
-def solution_text(shape, a, b, c):
-    steps, answer = solve(shape, a, b, c)
-    return f" {steps} . The answer is \\boxed{{{answer}}} ."
+def worked_solution(shape, a, b, c):
+    """(response text, answer) of one problem."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}")
+    op1, op2 = SHAPES[shape]
+    m = OPS[op1](a, b)
+    answer = OPS[op2](m, c)
+    return f" {a} {op1} {b} = {m} . {m} {op2} {c} = {answer} . The answer is \\boxed{{{answer}}} .", answer
 
 
 @dataclass(frozen=True)
@@ -102,7 +97,7 @@ class Problem:
     original: str      # the question as first written
     rephrased: str     # same mathematics, other wording and scenario
     answer: str        # the ground truth, used only for metrics and the `gt` baseline
-    solution: str      # a worked solution of the original (the warm-up's target)
+    maths: tuple       # (shape, a, b, c)
 
 
 def all_maths():
@@ -123,8 +118,8 @@ def make_problem(rng, shape, a, b, c):
     s1, s2 = rng.sample(SCENARIOS, 2)
     t1, t2 = rng.sample(TEMPLATES[shape], 2)
     fill = lambda t, s: t.format(n=s[0], c1=s[1], it=s[2], a=a, b=b, c=c)
-    _, answer = solve(shape, a, b, c)
-    return Problem(fill(t1, s1), fill(t2, s2), str(answer), solution_text(shape, a, b, c))
+    _, answer = worked_solution(shape, a, b, c)
+    return Problem(fill(t1, s1), fill(t2, s2), str(answer), (shape, a, b, c))
 
 
 SPLIT_SIZES = {"test": 200, "train": 1500, "warmup": None}   # None: all that is left
@@ -155,7 +150,7 @@ def corpus():
     """Every piece of text the world can produce."""
     texts = [format_prompt(t.format(n=s[0], c1=s[1], it=s[2], a=2, b=3, c=4))
              for ts in TEMPLATES.values() for t in ts for s in SCENARIOS]
-    texts += [f" {i} \\boxed{{{i}}} ." for i in range(0, 400)]
+    texts += [f" {i} \\boxed{{{i}}} ." for i in range(0, 500)]
     texts += [" * + - = . The answer is"]
     return texts
 
@@ -192,7 +187,7 @@ def model_config(vocab_size):
 # --------------------------------------------------------------------------------------------
 # 4. The base model: a short supervised warm-up
 
-WARMUP = dict(steps=600, batch=64, lr=2e-3, seed=0)
+WARMUP = dict(steps=400, batch=64, lr=2e-3, label_smoothing=0.03, seed=0)
 
 
 def warmup_batch(tokenizer, problems, rng, batch):
@@ -201,7 +196,8 @@ def warmup_batch(tokenizer, problems, rng, batch):
     for p in rng.sample(problems, batch):
         question = p.original if rng.random() < 0.5 else p.rephrased
         prompt = tokenizer(format_prompt(question))["input_ids"]
-        response = tokenizer(p.solution)["input_ids"] + [tokenizer.eos_token_id]
+        text, _ = worked_solution(*p.maths)
+        response = tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
         seqs.append(prompt + response); masks.append([0] * len(prompt) + [1] * len(response))
     width = max(map(len, seqs))
     ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in seqs])
@@ -222,7 +218,8 @@ def build_base_model(out_dir=BASE_DIR, steps=WARMUP["steps"], seed=WARMUP["seed"
     for step in range(steps):
         ids, mask = warmup_batch(tokenizer, problems, rng, WARMUP["batch"])
         logits = model(ids).logits[:, :-1]                                   # [B, T-1, V]
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none",
+                                                label_smoothing=WARMUP["label_smoothing"])
         loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
         opt.zero_grad(); loss.backward(); opt.step(); sched.step()
         if step % 100 == 0 or step == steps - 1:
@@ -247,5 +244,5 @@ if __name__ == "__main__":
     ap.add_argument("--out", default=BASE_DIR)
     args = ap.parse_args()
     p = make_split("train")[0]
-    print("original :", p.original, "\nrephrased:", p.rephrased, "\nsolution :", p.solution)
+    print("original :", p.original, "\nrephrased:", p.rephrased, "\nsolution :", worked_solution(*p.maths)[0])
     build_base_model(args.out, args.steps)

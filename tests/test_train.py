@@ -37,7 +37,7 @@ def test_short_run_writes_metrics_and_a_loadable_model(tmp_path, method):
     for x in evals:
         assert EVAL_KEYS <= set(x) and 0 <= x["eval_acc"] <= 1
     config = json.loads((out / "config.json").read_text())
-    assert config["method"] == method and config["lr"] == 2e-4
+    assert config["method"] == method and config["lr"] == 1e-4
 
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(out / "final")

@@ -1,0 +1,44 @@
+"""The EMA teacher of Co-rewarding-II (and of coreward3).
+
+The teacher has the policy's architecture and sharding and starts as a copy of it. After every
+optimizer step it moves a little towards the policy,
+
+    teacher <- (1 - α) · teacher + α · policy,      α = 1 - decay(step),
+
+with the decay following the paper's cosine schedule (Eq. 11), from 0.99 at the first step to
+0.9999 at the last: the teacher follows the policy quickly at first and then ever more slowly,
+so that it is a slowly-moving, stabler version of the student. (The official code ends at
+0.99999; `--ema_end` sets it.)
+
+The teacher samples G responses per question through the policy's own rollout engine: its
+weights are loaded into the engine, it samples, and the policy's weights are loaded back, so the
+engine is always left serving the policy. One engine, not two: the second engine would double
+the KV cache and the model memory, while a weight load costs ~0.03 s on the classroom model
+(milliseconds per billion parameters on a GPU).
+"""
+import math
+
+import torch
+
+from grpo import full_weights
+
+
+def ema_decay(step, total_steps, start=0.99, end=0.9999):
+    """Cosine schedule from `start` (step 0) to `end` (step total_steps)."""
+    progress = min(max(step / max(total_steps, 1), 0.0), 1.0)
+    return end - (end - start) * (1 + math.cos(math.pi * progress)) / 2
+
+
+@torch.no_grad()
+def ema_update(teacher, policy, alpha):
+    """teacher <- (1 - alpha) * teacher + alpha * policy, shard by shard (the two are sharded alike)."""
+    for t, p in zip(teacher.parameters(), policy.parameters(), strict=True):
+        t.mul_(1 - alpha).add_(p.detach(), alpha=alpha)
+
+
+def teacher_rollout(engine, teacher, policy, prompt_ids, n, temperature, max_tokens):
+    """The teacher's responses; the engine serves the policy again afterwards."""
+    engine.load_weights(full_weights(teacher))
+    groups = engine.generate(prompt_ids, n, temperature, max_tokens)
+    engine.load_weights(full_weights(policy))
+    return groups

@@ -1,0 +1,98 @@
+"""Co-rewarding-II's EMA teacher, the answer-free rewards, and coreward2/3 labels."""
+import math
+
+import pytest
+import torch
+
+import world
+from grpo import full_weights, shard, token_logprobs
+from rewards import certainty_rewards, labels_for
+from rollout import make_engine
+from teacher import ema_decay, ema_update, teacher_rollout
+
+
+def test_ema_update_by_hand(dist_world):
+    teacher, policy = torch.nn.Linear(2, 1, bias=False), torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        teacher.weight.copy_(torch.tensor([[1.0, -2.0]]))
+        policy.weight.copy_(torch.tensor([[3.0, 4.0]]))
+    ema_update(teacher, policy, alpha=0.25)
+    # 0.75 * [1, -2] + 0.25 * [3, 4] = [1.5, -0.5]
+    assert torch.allclose(teacher.weight, torch.tensor([[1.5, -0.5]]))
+    assert torch.equal(policy.weight, torch.tensor([[3.0, 4.0]]))
+
+
+def test_ema_update_on_sharded_models(dist_world, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+    load = lambda: AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    plain_t, plain_p = load(), load()
+    with torch.no_grad():
+        for p in plain_p.parameters():
+            p.add_(1.0)
+    expected = {k: 0.9 * v + 0.1 * plain_p.state_dict()[k] for k, v in plain_t.state_dict().items()}
+    teacher, policy = shard(plain_t), shard(plain_p)
+    ema_update(teacher, policy, alpha=0.1)
+    for name, value in full_weights(teacher):
+        assert torch.allclose(value, expected[name], atol=1e-6), name
+
+
+def test_cosine_schedule():
+    assert ema_decay(0, 100) == pytest.approx(0.99)
+    assert ema_decay(50, 100) == pytest.approx((0.99 + 0.9999) / 2)
+    assert ema_decay(100, 100) == pytest.approx(0.9999)
+    assert ema_decay(25, 100) == pytest.approx(0.9999 - 0.0099 * (1 + math.cos(math.pi / 4)) / 2)
+    assert ema_decay(100, 100, end=0.99999) == pytest.approx(0.99999)
+    values = [ema_decay(s, 100) for s in range(101)]
+    assert values == sorted(values)
+
+
+def test_teacher_rollout_leaves_the_engine_serving_the_policy(dist_world, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+    load = lambda: AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    policy, teacher = shard(load()), shard(load())
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=12)
+    prompts = [engine.tokenizer(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:2]]
+
+    def gap(model, groups):
+        worst = 0.0
+        for g in groups:
+            for s in g:
+                logp, _ = token_logprobs(model, torch.tensor([s.prompt_ids + s.token_ids]), 1.0)
+                worst = max(worst, (logp[0, len(s.prompt_ids) - 1:] - torch.tensor(s.logprobs)).abs().max().item())
+        return worst
+
+    taught = teacher_rollout(engine, teacher, policy, prompts, n=2, temperature=1.0, max_tokens=12)
+    assert gap(teacher, taught) < 1e-4 < gap(policy, taught)         # the teacher sampled these
+    after = engine.generate(prompts, n=2, temperature=1.0, max_tokens=12)
+    assert gap(policy, after) < 1e-4 < gap(teacher, after)           # and the policy is back
+    engine.close()
+
+
+def test_certainty_rewards_by_hand():
+    # one response of two tokens over a vocabulary of 2, then a padded position
+    p = torch.tensor([[[0.5, 0.5], [0.9, 0.1], [0.3, 0.7]]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    logp = p.log()
+    # KL(U || p) = -log 2 - (log p1 + log p2) / 2: 0 for uniform; -log2 - (log .9 + log .1)/2 = 0.51083
+    sc = certainty_rewards("self_certainty", logp, mask)
+    assert sc.item() == pytest.approx((0.0 + 0.5108256) / 2, abs=1e-5)
+    # entropy: log 2 = 0.693147; 0.325083 -> reward = -(0.693147 + 0.325083) / 2
+    ent = certainty_rewards("entropy", logp, mask)
+    assert ent.item() == pytest.approx(-(0.6931472 + 0.3250830) / 2, abs=1e-5)
+    with pytest.raises(ValueError, match="not an answer-free method"):
+        certainty_rewards("coreward1", logp, mask)
+
+
+def test_teacher_labels():
+    answers = [["1", "1"], ["2", "2"], ["3", "3"], ["4", "4"]]          # the student's answers
+    teacher = [["5", "5", "6"], ["7", "8", "8"], ["9", "9", "9"], [None, "0", "0"]]
+    assert labels_for("coreward2", answers, ["?"] * 4, teacher) == ["5", "8", "9", "0"]
+    # coreward3: each view labelled by the teacher's vote on the other view
+    assert labels_for("coreward3", answers, ["?"] * 4, teacher) == ["9", "0", "5", "8"]
+    with pytest.raises(ValueError, match="needs the teacher's answers"):
+        labels_for("coreward2", answers, ["?"] * 4)
+    with pytest.raises(ValueError, match="has no labels"):
+        labels_for("entropy", answers, ["?"] * 4)
