@@ -45,16 +45,18 @@ from torch.distributed.tensor import DTensor
 def init_distributed():
     """Join the process group torchrun describes; a plain `python train.py` is a world of one.
     Returns (rank, world_size, device)."""
-    if "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+        if "RANK" in os.environ:                      # under torchrun: it says who we are
+            dist.init_process_group(backend)
+        else:                                         # alone: a world of one on a free local port
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size(), device
 
 

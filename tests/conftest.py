@@ -7,9 +7,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def dist_world():
-    """A process group of one (gloo), as train.py has under `python train.py`."""
+    """A process group of one (gloo), as train.py has under `python train.py`. Per test: closing
+    a vLLM engine tears down the process group it shares."""
     from grpo import init_distributed
     return init_distributed()
 

@@ -26,4 +26,5 @@ if __name__ == "__main__":
     weights = {k: v.clone() for k, v in full_weights(model)}
     if rank == 0:
         torch.save(weights, sys.argv[1])
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
