@@ -1,56 +1,225 @@
-"""Paired training data and prompts.
+"""Paired training data, evaluation benchmarks and prompts.
 
 A training example is a `Pair`: a question, its rephrasing (same mathematics and answer, new
 wording and scenario) and the gold answer. The gold answer is never used by the label-free
 rewards; it feeds the `gt` baseline and the metrics (rollout_acc, label_acc).
 
-Sources:
-- the classroom world (world.py), the default;
-- a parquet file of pairs with columns `original_question, rephrased_question, solution`, the
-  format of the official OpenRS and MATH pairs shipped in data/train/.
+Training pairs (`load_pairs`), shipped in data/train/ or given as a path or a hub id:
+- 'openrs', 'math': one parquet of pairs with columns `original_question, rephrased_question,
+  solution` (the official OpenRS and MATH pairs); any parquet path in this format, or a Hugging
+  Face hub dataset id in this format (needs the network);
+- 'dapo', 'amc_ttt': two parquets in verl's format (`prompt` = [system, user] messages,
+  `reward_model` = {'ground_truth': ...}), the originals and the rephrasings, aligned row by row.
+
+Evaluation benchmarks (`load_benchmark`), shipped in data/eval/: math500, gsm8k (the answer
+after `####`), amc, amc23, aime24, aime25, math5000 (the MATH test set, verl's format).
+
+Gold answers are read as text; whole numbers are written plainly (`142.0`, `025` -> `142`, `25`).
+Malformed files are errors naming the file, the row and the problem. One leniency: a training row
+whose gold answer is empty is kept with `answer=None`, and counted on load; the official files
+have three (openrs row 4303, math rows 5341 and 5343), the label-free methods never read it,
+and `gt` and the metrics count such a group as unlabeled (no reward, not correct).
 
 Prompts: with the model's chat template when it has one, as [system, user] messages with the
 paper's system prompt; otherwise plain text (system prompt, blank line, question).
 """
+import json
+import math
+import numbers
 import os
+import re
 from dataclasses import dataclass
 
 SYSTEM_PROMPT = "Let's think step by step and output the final answer within \\boxed{}."
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 SHIPPED_PAIRS = {"openrs": "train/openrs_pairs.parquet", "math": "train/math_pairs.parquet"}
+SHIPPED_VERL_PAIRS = {"dapo": ("train/dapo_original.parquet", "train/dapo_rephrased.parquet"),
+                      "amc_ttt": ("train/amc_ttt_original.parquet", "train/amc_ttt_rephrased.parquet")}
 PAIR_COLUMNS = ("original_question", "rephrased_question", "solution")
+BENCHMARKS = {   # name: (file, the field holding the question; None for verl's format)
+    "math500": ("eval/math500.json", "prompt"),
+    "gsm8k": ("eval/gsm8k_test.jsonl", "question"),
+    "amc": ("eval/amc.json", "prompt"),
+    "amc23": ("eval/amc23.jsonl", "problem"),
+    "aime24": ("eval/aime24.json", "prompt"),
+    "aime25": ("eval/aime25.json", "prompt"),
+    "math5000": ("eval/math_test5000.parquet", None),
+}
 
 
 @dataclass(frozen=True)
 class Pair:
     original: str
     rephrased: str
+    answer: str | None
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
     answer: str
 
+# ------------------------------------------------------------------------- fields
 
-def load_pairs(name_or_path):
-    """Pairs from a shipped name ('openrs', 'math') or a parquet path; malformed rows are errors
-    that name the file, the row and the problem."""
+
+def question_text(value, where):
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: the question must be a non-empty string, got {value!r:.80}")
+    return value
+
+
+def answer_text(value, where):
+    """A gold answer as text, or None when it is empty."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, numbers.Number) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: the gold answer must be text or a number, got {value!r:.80}")
+    value = value.strip()
+    if re.fullmatch(r"-?\d+(\.0*)?", value):          # 142.0, 025 -> 142, 25
+        value = str(int(value.split(".")[0]))
+    return value or None
+
+
+def gsm8k_answer(solution, where):
+    """GSM8K's answer is the number after the last `####`, written with thousands commas."""
+    match = re.search(r"####\s*(\S.*?)\s*$", solution if isinstance(solution, str) else "")
+    if match is None:
+        raise ValueError(f"{where}: no '#### answer' at the end of {solution!r:.80}")
+    return answer_text(match.group(1).replace(",", ""), where)
+
+
+def verl_question(prompt, where):
+    """The user message of a verl `prompt` ([system, user] messages)."""
+    users = [m.get("content") for m in (prompt if prompt is not None else []) if isinstance(m, dict) and m.get("role") == "user"]
+    if not users:
+        raise ValueError(f"{where}: `prompt` has no user message: {prompt!r:.120}")
+    return question_text(users[-1], where)
+
+
+def verl_answer(reward_model, where):
+    if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
+        raise ValueError(f"{where}: missing ground truth: `reward_model` has no 'ground_truth': {reward_model!r:.80}")
+    return answer_text(reward_model["ground_truth"], where)
+
+# ------------------------------------------------------------------ training pairs
+
+
+def load_pairs(source):
+    """Pairs from a shipped name, a parquet path or a hub dataset id (see the module docstring)."""
+    if source in SHIPPED_VERL_PAIRS:
+        original, rephrased = (os.path.join(DATA_DIR, f) for f in SHIPPED_VERL_PAIRS[source])
+        return verl_pairs(original, rephrased)
+    if source in SHIPPED_PAIRS:
+        source = os.path.join(DATA_DIR, SHIPPED_PAIRS[source])
+    if os.path.exists(source) or source.endswith(".parquet"):
+        return pairs_from_frame(read_parquet(source), source)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
+        return pairs_from_frame(hub_frame(source), source)
+    raise ValueError(f"unknown training data {source!r}: use one of "
+                     f"{list(SHIPPED_PAIRS) + list(SHIPPED_VERL_PAIRS)}, a parquet path or a hub dataset id")
+
+
+def read_parquet(path):
     import pandas as pd
-    path = os.path.join(DATA_DIR, SHIPPED_PAIRS[name_or_path]) if name_or_path in SHIPPED_PAIRS else name_or_path
     if not os.path.exists(path):
-        raise FileNotFoundError(f"no pair file {path!r}; use one of {list(SHIPPED_PAIRS)} or a parquet path")
-    frame = pd.read_parquet(path)
+        raise FileNotFoundError(f"no parquet file {path!r}")
+    return pd.read_parquet(path)
+
+
+def hub_frame(repo_id):
+    import datasets
+    try:
+        return datasets.load_dataset(repo_id, split="train").to_pandas()
+    except ConnectionError as e:
+        raise ConnectionError(f"cannot load {repo_id!r} from the Hugging Face hub (offline?): {e}. "
+                              f"Download it where there is a network and pass the parquet path.") from e
+
+
+def pairs_from_frame(frame, name):
+    """Pairs from a table with the OpenRS pair columns."""
     missing = [c for c in PAIR_COLUMNS if c not in frame.columns]
     if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; a pair file needs {list(PAIR_COLUMNS)}")
+        raise ValueError(f"{name}: missing column(s) {missing}; a pair file needs {list(PAIR_COLUMNS)}")
+    if not len(frame):
+        raise ValueError(f"{name}: no pairs in the file")
     pairs = []
-    for i, row in enumerate(frame[list(PAIR_COLUMNS)].itertuples(index=False)):
-        for col, value in zip(PAIR_COLUMNS, row):
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{path}: row {i}: column {col!r} must be a non-empty string, got {value!r}")
-        pairs.append(Pair(row.original_question, row.rephrased_question, row.solution.strip()))
+    for i, (q, r, a) in enumerate(frame[list(PAIR_COLUMNS)].itertuples(index=False)):
+        where = f"{name}: row {i}"
+        pairs.append(Pair(question_text(q, f"{where}: original_question"),
+                          question_text(r, f"{where}: rephrased_question"), answer_text(a, where)))
+    return report_unlabeled(pairs, name)
+
+
+def verl_pairs(original_path, rephrased_path):
+    """Pairs from two verl parquets, the originals and their rephrasings, joined by row."""
+    original, rephrased = verl_rows(original_path), verl_rows(rephrased_path)
+    if len(original) != len(rephrased):
+        raise ValueError(f"misaligned pair files: {original_path} has {len(original)} rows, "
+                         f"{rephrased_path} has {len(rephrased)}")
+    pairs = []
+    for i, ((q, a), (r, b)) in enumerate(zip(original, rephrased)):
+        if a != b:
+            raise ValueError(f"misaligned pair files: row {i}: ground truth {a!r} in {original_path} "
+                             f"but {b!r} in {rephrased_path}")
+        pairs.append(Pair(q, r, a))
+    return report_unlabeled(pairs, original_path)
+
+
+def verl_rows(path):
+    """[(question, gold answer or None)] of a parquet in verl's format."""
+    frame = read_parquet(path)
+    missing = [c for c in ("prompt", "reward_model") if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing}; a verl file needs 'prompt' and 'reward_model'")
+    if not len(frame):
+        raise ValueError(f"{path}: no rows in the file")
+    return [(verl_question(p, f"{path}: row {i}"), verl_answer(r, f"{path}: row {i}"))
+            for i, (p, r) in enumerate(zip(frame["prompt"].tolist(), frame["reward_model"].tolist()))]
+
+
+def report_unlabeled(pairs, name):
+    unlabeled = [i for i, p in enumerate(pairs) if p.answer is None]
+    if unlabeled:
+        print(f"{name}: {len(unlabeled)} of {len(pairs)} pairs have no gold answer (rows {unlabeled[:10]}); "
+              f"kept: the label-free rewards do not read it, `gt` and the metrics count them unlabeled")
     return pairs
 
 
 def classroom_pairs(split):
     import world
     return [Pair(p.original, p.rephrased, p.answer) for p in world.make_split(split)]
+
+# ---------------------------------------------------------------------- benchmarks
+
+
+def load_benchmark(name, limit=None):
+    """The first `limit` (default: all) problems of a shipped benchmark, as `Problem`s."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
+    file, field = BENCHMARKS[name]
+    path = os.path.join(DATA_DIR, file)
+    if field is None:
+        rows = verl_rows(path)[:limit]
+    else:
+        with open(path) as f:
+            records = json.load(f) if path.endswith(".json") else [json.loads(line) for line in f if line.strip()]
+        rows = [benchmark_row(r, field, name == "gsm8k", f"{path}: row {i}") for i, r in enumerate(records[:limit])]
+    for i, (_, answer) in enumerate(rows):
+        if answer is None:
+            raise ValueError(f"{path}: row {i}: missing ground truth: the answer is empty or absent")
+    return [Problem(q, a) for q, a in rows]
+
+
+def benchmark_row(record, field, gsm8k, where):
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {record!r:.80}")
+    question = question_text(record.get(field), f"{where}: {field}")
+    answer = gsm8k_answer(record.get("answer"), where) if gsm8k else answer_text(record.get("answer"), where)
+    return question, answer
+
+# ------------------------------------------------------------------------- prompts
 
 
 def prompt_encoder(tokenizer, classroom):

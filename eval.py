@@ -1,16 +1,25 @@
-"""Evaluation: greedy accuracy, mean@k and maj@k of a model on held-out questions.
+"""Evaluation: greedy accuracy, avg@k and maj@k of a model on held-out questions.
 
     greedy   one response at temperature 0, graded against the ground truth
-    mean@k   k responses at the sampling temperature; the fraction that is right, averaged over
+    avg@k    k responses at the sampling temperature; the fraction that is right, averaged over
              questions (the paper's avg@k, an estimate of pass@1 at that temperature)
     maj@k    the majority answer of those k responses is right
 
 `eval_counts` returns sums, not means, so that ranks evaluating disjoint shares of the
-questions can add them up; `accuracies` turns the sums into fractions.
+questions can add them up; `accuracies` turns the sums into fractions (avg@k is "mean").
 
     python eval.py --model runs/coreward1/final          # the classroom test split
+    python eval.py --model models/smollm2-135m --benchmarks math500,gsm8k,amc,amc23,aime24,aime25 \\
+        --k 8 --temperature 0.8 --max_tokens 3072 --out runs/eval/smollm2
+
+Benchmarks: `classroom` (the default) and the shipped sets of data.py (math500, gsm8k, amc,
+amc23, aime24, aime25, math5000). The paper samples at temperature 0.8; the classroom default
+stays at 1.0, its training temperature. Writes results.md (the table) and results.json to --out.
 """
 import argparse
+import json
+import os
+import time
 
 from rewards import extract_answer, is_equiv, majority_vote
 
@@ -39,23 +48,78 @@ def classroom_test_prompts(tokenizer, limit=None):
     return [tokenizer(world.format_prompt(p.original))["input_ids"] for p in problems], [p.answer for p in problems]
 
 
-def main():
+def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None):
+    """Prompt ids and gold answers of a benchmark ('classroom' or one of data.BENCHMARKS) in the
+    training prompt format; with max_prompt_len, longer prompts are dropped and counted."""
+    if name == "classroom":
+        prompts, gold = classroom_test_prompts(tokenizer, limit)
+    else:
+        import data
+        encode = data.prompt_encoder(tokenizer, classroom=False)
+        problems = data.load_benchmark(name, limit)
+        prompts, gold = [encode(p.question) for p in problems], [p.answer for p in problems]
+    if max_prompt_len is not None:
+        kept = [i for i, p in enumerate(prompts) if len(p) <= max_prompt_len]
+        if len(kept) < len(prompts):
+            print(f"{name}: dropped {len(prompts) - len(kept)} of {len(prompts)} questions whose prompt exceeds {max_prompt_len} tokens")
+        prompts, gold = [prompts[i] for i in kept], [gold[i] for i in kept]
+    return prompts, gold
+
+
+def markdown_table(results, k):
+    lines = [f"| benchmark | n | greedy | avg@{k} | maj@{k} |", "|---|---|---|---|---|"]
+    lines += [f"| {name} | {r['n']} | {r['greedy']:.3f} | {r['mean']:.3f} | {r['maj']:.3f} |" for name, r in results.items()]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="a saved model folder (default: the classroom base model)")
+    ap.add_argument("--benchmarks", default="classroom", help="comma-separated benchmark names")
     ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--max_tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=None, help="default: 1.0 on the classroom, else 0.8")
+    ap.add_argument("--max_tokens", type=int, default=None, help="default: 64 on the classroom, else 3072")
+    ap.add_argument("--limit", type=int, default=None, help="the first N questions of each benchmark")
+    ap.add_argument("--out", default=None, help="folder for results.md and results.json (default: runs/eval/MODEL)")
     ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.benchmarks = args.benchmarks.split(",")
+    classroom = args.benchmarks == ["classroom"]
+    args.temperature = args.temperature if args.temperature is not None else (1.0 if classroom else 0.8)
+    args.max_tokens = args.max_tokens if args.max_tokens is not None else (64 if classroom else 3072)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     import world
+    from transformers import AutoTokenizer
     from rollout import make_engine
     model = args.model or world.base_model_dir()
-    engine = make_engine(args.backend, model, max_prompt_len=128, max_response_len=args.max_tokens, seed=args.seed)
-    prompts, gold = classroom_test_prompts(engine.tokenizer)
-    acc = accuracies(eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens))
-    print(f"\n| model | questions | greedy | mean@{args.k} | maj@{args.k} |\n|---|---|---|---|---|\n"
-          f"| {model} | {len(gold)} | {acc['greedy']:.3f} | {acc['mean']:.3f} | {acc['maj']:.3f} |")
+    out = args.out or os.path.join("runs", "eval", os.path.basename(os.path.normpath(model)))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    sets = {name: benchmark_prompts(tokenizer, name, args.limit) for name in args.benchmarks}
+    longest = max(len(p) for prompts, _ in sets.values() for p in prompts)
+    engine = make_engine(args.backend, model, max_prompt_len=longest, max_response_len=args.max_tokens,
+                         seed=args.seed, dtype=args.dtype)
+    results = {}
+    for name, (prompts, gold) in sets.items():
+        t0 = time.perf_counter()
+        sums = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens)
+        results[name] = {"n": len(gold), **accuracies(sums), "seconds": round(time.perf_counter() - t0, 1)}
+        print(f"{name}: {results[name]}")
+    engine.close()
+    table = markdown_table(results, args.k)
+    print(f"\n{model}, k={args.k}, temperature {args.temperature}, max_tokens {args.max_tokens}\n\n{table}")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump({"model": model, **{k: v for k, v in vars(args).items() if k != "model"}, "results": results}, f, indent=1)
+    print(f"wrote {out}/results.md and results.json")
+    return results
 
 
 if __name__ == "__main__":

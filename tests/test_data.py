@@ -1,0 +1,270 @@
+"""Data: the shipped pair sets and benchmarks load whole, malformed files fail clearly, and
+rephrased pairs are parsed, filtered and written in the pair format."""
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+import data
+import rephrase
+from conftest import ROOT
+from rephrase import END, START, parse_rephrased
+from rollout import Sample
+
+
+@pytest.mark.parametrize("name, rows, first_answer", [
+    ("openrs", 6999, "75"), ("math", 7500, "0"), ("dapo", 14109, "34"), ("amc_ttt", 83, "142")])
+def test_shipped_pair_sets_load_whole(name, rows, first_answer):
+    pairs = data.load_pairs(name)
+    assert len(pairs) == rows
+    assert pairs[0].answer == first_answer
+    assert all(p.original.strip() and p.rephrased.strip() and p.original != p.rephrased for p in pairs[:50])
+
+
+def test_dapo_joins_originals_and_rephrasings_by_row():
+    pairs = data.load_pairs("dapo")
+    assert pairs[0].original.startswith("In triangle $ABC$, $\\sin \\angle A = \\frac{4}{5}$")
+    assert pairs[0].rephrased.startswith("In triangle $PQR$, $\\sin \\angle P = \\frac{4}{5}$")
+
+
+def test_pairs_without_a_gold_answer_are_kept_and_counted(capsys):
+    pairs = data.load_pairs("math")
+    assert [i for i, p in enumerate(pairs) if p.answer is None] == [5341, 5343]
+    assert "2 of 7500 pairs have no gold answer (rows [5341, 5343])" in capsys.readouterr().out
+
+
+def _pair_file(tmp_path, rows, name="pairs.parquet"):
+    path = tmp_path / name
+    pd.DataFrame(rows).to_parquet(path)
+    return str(path)
+
+
+GOOD = {"original_question": "What is 2+3?", "rephrased_question": "Tom has 2 apples and gets 3 more. How many?", "solution": "5"}
+
+
+def test_a_pair_parquet_path_loads(tmp_path):
+    assert data.load_pairs(_pair_file(tmp_path, [GOOD])) == [data.Pair(GOOD["original_question"], GOOD["rephrased_question"], "5")]
+    numeric = _pair_file(tmp_path, [{**GOOD, "solution": 7.0}, {**GOOD, "solution": 2.5}], "numeric.parquet")
+    assert [p.answer for p in data.load_pairs(numeric)] == ["7", "2.5"]
+
+
+def test_a_missing_column_is_named(tmp_path):
+    path = _pair_file(tmp_path, [{k: v for k, v in GOOD.items() if k != "solution"}])
+    with pytest.raises(ValueError, match=r"pairs.parquet: missing column\(s\) \['solution'\]"):
+        data.load_pairs(path)
+
+
+@pytest.mark.parametrize("column, value", [("original_question", ""), ("rephrased_question", "   "), ("rephrased_question", None)])
+def test_an_empty_question_names_file_row_and_column(tmp_path, column, value):
+    path = _pair_file(tmp_path, [GOOD, GOOD, {**GOOD, column: value}])
+    with pytest.raises(ValueError, match=rf"pairs.parquet: row 2: {column}: the question must be a non-empty string"):
+        data.load_pairs(path)
+
+
+def test_an_empty_pair_file_is_refused(tmp_path):
+    path = _pair_file(tmp_path, {c: pd.Series([], dtype=str) for c in data.PAIR_COLUMNS})
+    with pytest.raises(ValueError, match="pairs.parquet: no pairs in the file"):
+        data.load_pairs(path)
+
+
+def test_a_non_string_question_is_refused(tmp_path):
+    path = _pair_file(tmp_path, [{**GOOD, "original_question": 12}])
+    with pytest.raises(ValueError, match="row 0: original_question: the question must be a non-empty string, got 12"):
+        data.load_pairs(path)
+
+
+def test_unknown_sources_are_refused_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no parquet file"):
+        data.load_pairs(str(tmp_path / "nothing.parquet"))
+    with pytest.raises(ValueError, match="unknown training data 'gsm8k'"):
+        data.load_pairs("gsm8k")
+
+
+def test_a_hub_id_offline_is_a_clear_error():
+    code = "import data; data.load_pairs('someone/some-pairs')"
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode != 0
+    assert "cannot load 'someone/some-pairs' from the Hugging Face hub (offline?)" in res.stderr
+
+
+def _verl_rows(questions, truths):
+    return [{"prompt": [{"role": "system", "content": data.SYSTEM_PROMPT}, {"role": "user", "content": q}],
+             "reward_model": {"ground_truth": t, "style": "rule"}} for q, t in zip(questions, truths)]
+
+
+def test_verl_pair_files_join_by_row(tmp_path):
+    a = _pair_file(tmp_path, _verl_rows(["q1", "q2"], ["1", "2.0"]), "a.parquet")
+    b = _pair_file(tmp_path, _verl_rows(["r1", "r2"], ["1", "2"]), "b.parquet")
+    assert data.verl_pairs(a, b) == [data.Pair("q1", "r1", "1"), data.Pair("q2", "r2", "2")]
+
+
+def test_misaligned_verl_files_are_refused(tmp_path):
+    a = _pair_file(tmp_path, _verl_rows(["q1", "q2", "q3"], ["1", "2", "3"]), "a.parquet")
+    b = _pair_file(tmp_path, _verl_rows(["r1", "r3", "r2"], ["1", "3", "2"]), "b.parquet")
+    with pytest.raises(ValueError, match=r"misaligned pair files: row 1: ground truth '2' in .*a.parquet but '3' in .*b.parquet"):
+        data.verl_pairs(a, b)
+    short = _pair_file(tmp_path, _verl_rows(["r1"], ["1"]), "short.parquet")
+    with pytest.raises(ValueError, match="misaligned pair files: .*a.parquet has 3 rows, .*short.parquet has 1"):
+        data.verl_pairs(a, short)
+
+
+def test_a_verl_row_without_ground_truth_or_user_message_is_named(tmp_path):
+    rows = _verl_rows(["q1", "q2"], ["1", "2"])
+    rows[1]["reward_model"] = None
+    a = _pair_file(tmp_path, rows, "a.parquet")
+    with pytest.raises(ValueError, match="a.parquet: row 1: missing ground truth: `reward_model` has no 'ground_truth'"):
+        data.verl_pairs(a, a)
+    rows = _verl_rows(["q1", "q2"], ["1", "2"])
+    rows[0]["prompt"] = [{"role": "system", "content": data.SYSTEM_PROMPT}]
+    b = _pair_file(tmp_path, rows, "b.parquet")
+    with pytest.raises(ValueError, match="b.parquet: row 0: `prompt` has no user message"):
+        data.verl_pairs(b, b)
+
+
+@pytest.mark.parametrize("name, count", [("math500", 500), ("gsm8k", 1319), ("amc", 83), ("amc23", 40),
+                                         ("aime24", 30), ("aime25", 30), ("math5000", 5000)])
+def test_each_benchmark_loads_whole(name, count):
+    problems = data.load_benchmark(name)
+    assert len(problems) == count
+    assert len({p.question for p in problems}) == count
+    assert data.load_benchmark(name, limit=3) == problems[:3]
+
+
+def test_benchmark_answers_are_read_as_written_mathematics():
+    assert data.load_benchmark("math500", 3)[2].answer == "\\frac{14}{3}"
+    assert data.load_benchmark("amc", 1)[0].answer == "142"                       # 142.0
+    assert data.load_benchmark("amc23", 1)[0].answer == "27"                      # a JSON float 27.0
+    assert [p.answer for p in data.load_benchmark("aime25", 3)] == ["70", "588", "16"]   # 070, 588, 016
+    assert data.load_benchmark("gsm8k", 1)[0].answer == "18"
+
+
+@pytest.mark.parametrize("solution, answer", [
+    ("2 + 3 = 5\n#### 5", "5"), ("so 1,000 in all.\n#### 1,000", "1000"), ("#### 1,450,000", "1450000"),
+    ("owes\n#### -3", "-3"), ("#### 2.5 ", "2.5")])
+def test_gsm8k_answer_after_the_four_hashes(solution, answer):
+    assert data.gsm8k_answer(solution, "here") == answer
+
+
+def test_gsm8k_shipped_answers_with_commas_are_numbers():
+    answers = {p.answer for p in data.load_benchmark("gsm8k")}
+    assert {"2125", "114200", "1450000"} <= answers
+    assert not any("," in a for a in answers)
+
+
+def test_gsm8k_without_hashes_is_refused():
+    with pytest.raises(ValueError, match="here: no '#### answer'"):
+        data.gsm8k_answer("the answer is 5", "here")
+
+
+def test_a_malformed_benchmark_row_is_named(tmp_path, monkeypatch):
+    (tmp_path / "eval").mkdir()
+    monkeypatch.setattr(data, "DATA_DIR", str(tmp_path))
+    rows = [{"prompt": "1+1?", "answer": "2"}, {"prompt": "2+2?", "answer": ""}]
+    (tmp_path / "eval" / "math500.json").write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"math500.json: row 1: missing ground truth"):
+        data.load_benchmark("math500")
+    rows[1] = {"prompt": "", "answer": "4"}
+    (tmp_path / "eval" / "math500.json").write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"math500.json: row 1: prompt: the question must be a non-empty string"):
+        data.load_benchmark("math500")
+    (tmp_path / "eval" / "gsm8k_test.jsonl").write_text(json.dumps({"question": "q", "answer": "no hashes"}) + "\n")
+    with pytest.raises(ValueError, match=r"gsm8k_test.jsonl: row 0: no '#### answer'"):
+        data.load_benchmark("gsm8k")
+    with pytest.raises(ValueError, match="unknown benchmark 'mmlu'"):
+        data.load_benchmark("mmlu")
+
+
+class PlainTokenizer:
+    """A tokenizer without a chat template: one id per character."""
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def test_prompts_without_a_chat_template_are_plain_text():
+    encode = data.prompt_encoder(PlainTokenizer(), classroom=False)
+    assert "".join(map(chr, encode("What is 2+3?"))) == data.SYSTEM_PROMPT + "\n\nWhat is 2+3?\n"
+
+
+# ------------------------------------------------------------------------ rephrasing
+
+def test_parse_rephrased_well_formed():
+    text = f"Sure! Here it is.\n{START}\nA baker sells 3 boxes of 4 rolls. How many rolls?\n{END}\nHope this helps."
+    assert parse_rephrased(text) == "A baker sells 3 boxes of 4 rolls. How many rolls?"
+
+
+def test_parse_rephrased_takes_the_last_complete_block():
+    text = f"{START} draft {END} Better: {START}\nfinal version\n{END}"
+    assert parse_rephrased(text) == "final version"
+
+
+@pytest.mark.parametrize("text", [
+    "A baker sells 3 boxes of 4 rolls.",                   # no markers
+    f"{START}\nA baker sells 3 boxes of 4 rolls.",         # never closed
+    f"A baker sells 3 boxes.\n{END}",                      # never opened
+    f"{END} backwards {START}",
+    f"{START}\n   \n{END}",                                # empty
+    "", None])
+def test_parse_rephrased_failures_are_none(text):
+    assert parse_rephrased(text) is None
+
+
+QUESTIONS = ["Q1: what is 2+3?", "Q2: what is 4*5?", "Q3: what is 1+1?"]
+REWRITES = {QUESTIONS[0]: f"{START}\nR1: Tom has 2 apples and buys 3.\n{END}", QUESTIONS[1]: "I cannot do that.",
+            QUESTIONS[2]: f"{START}\nR3: one cat meets one cat.\n{END}"}
+ANSWERS = {"Q1": "\\boxed{5}", "R1": "\\boxed{5}", "Q3": "\\boxed{2}", "R3": "so \\boxed{3}"}
+
+
+class TextEngine:
+    """Reads each prompt as text (one id per character): a rephrasing request gets the rewrite of
+    its question (REWRITES), any other prompt the answer (ANSWERS) of the question it holds."""
+    def generate(self, prompt_ids, n, temperature, max_tokens):
+        groups = []
+        for p in prompt_ids:
+            text = "".join(map(chr, p))
+            if text.startswith("Rewrite the math problem"):
+                reply = REWRITES[text.split("Problem:\n")[1]]
+            else:
+                reply = next(a for key, a in ANSWERS.items() if key in text)
+            groups.append([Sample([], [], [], reply, True)] * n)
+        return groups
+
+
+def _chars(text):
+    return [ord(c) for c in text]
+
+
+def test_rephrase_drops_responses_without_markers(capsys):
+    kept = rephrase.rephrase(TextEngine(), _chars, _chars, QUESTIONS)
+    assert kept == [(0, QUESTIONS[0], "R1: Tom has 2 apples and buys 3."), (2, QUESTIONS[2], "R3: one cat meets one cat.")]
+    assert "dropped 1 of 3 responses without text between the markers; the first: 'I cannot do that.'" in capsys.readouterr().out
+
+
+def test_answer_check_drops_pairs_whose_majorities_disagree(capsys):
+    kept = rephrase.rephrase(TextEngine(), _chars, _chars, QUESTIONS, check_answers=3)
+    assert [i for i, _, _ in kept] == [0]                 # Q3 says 2, its rephrasing says 3
+    assert "dropped 1 of 2 pairs (0 without a majority answer on one side, 1 whose majorities differ)" in capsys.readouterr().out
+
+
+def test_rephrased_pairs_are_written_in_the_pair_format(tmp_path):
+    kept = [(0, QUESTIONS[0], "R1: Tom has 2 apples and buys 3."), (2, QUESTIONS[2], "R3: one cat meets one cat.")]
+    path = str(tmp_path / "out" / "pairs.parquet")
+    rephrase.write_pairs(path, kept, ["5", "20", "2"])
+    assert data.load_pairs(path) == [data.Pair(QUESTIONS[0], "R1: Tom has 2 apples and buys 3.", "5"),
+                                     data.Pair(QUESTIONS[2], "R3: one cat meets one cat.", "2")]
+    assert list(pd.read_parquet(path)["idx"]) == [0, 2]
+
+
+def test_questions_to_rephrase_come_from_a_file_or_a_shipped_set(tmp_path):
+    path = str(tmp_path / "questions.parquet")
+    pd.DataFrame({"problem": ["What is 2+3?", "What is 4*5?"], "answer": [5.0, 20.0]}).to_parquet(path)
+    assert rephrase.load_questions(path) == (["What is 2+3?", "What is 4*5?"], ["5", "20"])
+    assert rephrase.load_questions("aime25", limit=2) == ([p.question for p in data.load_benchmark("aime25", 2)], ["70", "588"])
+    pd.DataFrame({"text": ["What is 2+3?"]}).to_parquet(path)
+    with pytest.raises(ValueError, match="questions.parquet: no 'question' or 'problem' column"):
+        rephrase.load_questions(path)

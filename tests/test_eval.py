@@ -1,0 +1,99 @@
+"""Evaluation: greedy, avg@k and maj@k against hand-computed values, and the command's outputs."""
+import json
+
+import pytest
+
+import eval as evaluation
+from rollout import Sample
+
+
+def _sample(text):
+    return Sample(prompt_ids=[], token_ids=[], logprobs=[], text=text, finished=True)
+
+
+class FakeEngine:
+    """Fixed responses per prompt: `greedy` at temperature 0, `sampled` otherwise; records its calls."""
+    def __init__(self, greedy, sampled):
+        self.greedy, self.sampled, self.calls = greedy, sampled, []
+
+    def generate(self, prompt_ids, n, temperature, max_tokens):
+        self.calls.append((n, temperature, max_tokens))
+        source = self.greedy if temperature == 0 else self.sampled
+        return [[_sample(t) for t in source[p[0]]][:n] for p in prompt_ids]
+
+    def close(self):
+        pass
+
+
+class ConstantEngine(FakeEngine):
+    """The same response to every prompt."""
+    def __init__(self, text):
+        super().__init__(greedy=None, sampled=None)
+        self.text = text
+
+    def generate(self, prompt_ids, n, temperature, max_tokens):
+        self.calls.append((n, temperature, max_tokens))
+        return [[_sample(self.text)] * n for _ in prompt_ids]
+
+
+# three questions, k = 4; prompt i is [i]
+GOLD = ["5", "1/2", "7"]
+GREEDY = [["\\boxed{5}"], ["so \\boxed{0.5}"], ["\\boxed{8}"]]
+SAMPLED = [
+    ["\\boxed{5}", "\\boxed{5.0}", "\\boxed{3}", "I give up"],          # 2/4 right; majority 5: right
+    ["\\boxed{\\frac12}", "\\boxed{2}", "\\boxed{2}", "\\boxed{3}"],    # 1/4 right; majority 2: wrong
+    ["\\boxed{8}", "\\boxed{7}", "\\boxed{8}", "no box"],               # 1/4 right; majority 8: wrong
+]
+
+
+def test_counts_greedy_avg_and_maj_by_hand():
+    engine = FakeEngine(GREEDY, SAMPLED)
+    sums = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, temperature=0.8, max_tokens=100)
+    assert sums == {"n": 3, "greedy": 2, "mean": pytest.approx(0.5 + 0.25 + 0.25), "maj": 1}
+    assert engine.calls == [(1, 0.0, 100), (4, 0.8, 100)]
+    acc = evaluation.accuracies(sums)
+    assert acc == pytest.approx({"greedy": 2 / 3, "mean": 1 / 3, "maj": 1 / 3})
+
+
+def test_sums_of_shares_add_up_to_the_whole():
+    engine = FakeEngine(GREEDY, SAMPLED)
+    whole = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4)
+    parts = [evaluation.eval_counts(engine, [[i]], [GOLD[i]], k=4) for i in range(3)]
+    assert {key: sum(p[key] for p in parts) for key in whole} == pytest.approx(whole)
+
+
+def test_markdown_table():
+    table = evaluation.markdown_table({"amc23": {"n": 40, "greedy": 0.125, "mean": 0.1, "maj": 0.15}}, k=8)
+    assert table.splitlines() == ["| benchmark | n | greedy | avg@8 | maj@8 |", "|---|---|---|---|---|",
+                                  "| amc23 | 40 | 0.125 | 0.100 | 0.150 |"]
+
+
+def test_defaults_follow_the_benchmarks():
+    classroom = evaluation.parse_args([])
+    assert (classroom.benchmarks, classroom.temperature, classroom.max_tokens) == (["classroom"], 1.0, 64)
+    paper = evaluation.parse_args(["--benchmarks", "math500,aime24"])
+    assert (paper.benchmarks, paper.temperature, paper.max_tokens) == (["math500", "aime24"], 0.8, 3072)
+
+
+def test_the_command_writes_the_table_and_json(tmp_path, tiny_model_dir, monkeypatch):
+    """amc23's first three answers are 27, 36, 45; an engine that always says 27 gets 1/3."""
+    import rollout
+    engine = ConstantEngine("\\boxed{27}")
+    monkeypatch.setattr(rollout, "make_engine", lambda *args, **kwargs: engine)
+    evaluation.main(["--model", tiny_model_dir, "--benchmarks", "amc23", "--limit", "3", "--k", "2", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["results"]["amc23"]["n"] == 3
+    assert result["results"]["amc23"]["mean"] == pytest.approx(1 / 3)
+    assert result["temperature"] == 0.8 and result["max_tokens"] == 3072
+    assert "| amc23 | 3 | 0.333 | 0.333 | 0.333 |" in (tmp_path / "results.md").read_text()
+    assert engine.calls == [(1, 0.0, 3072), (2, 0.8, 3072)]
+
+
+def test_benchmark_prompts_drop_and_count_long_questions(tiny_model_dir, capsys):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts, gold = evaluation.benchmark_prompts(tok, "aime24", limit=10)
+    limit = sorted(map(len, prompts))[4]
+    kept, kept_gold = evaluation.benchmark_prompts(tok, "aime24", limit=10, max_prompt_len=limit)
+    assert kept == [p for p in prompts if len(p) <= limit] and len(kept) == len(kept_gold) >= 5
+    assert f"aime24: dropped {10 - len(kept)} of 10 questions" in capsys.readouterr().out
