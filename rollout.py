@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-# The vLLM engine runs in-process (no subprocess) and, on CPU, needs a KV-cache size in GiB.
+# The vLLM engine runs in this process, not in a subprocess of its own.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 @dataclass
@@ -44,15 +43,17 @@ def check_prompt_lengths(prompt_ids, max_prompt_len):
 
 class VLLMEngine:
     def __init__(self, model_dir, max_prompt_len, max_response_len, seed=0, dtype="float32",
-                 gpu_memory_utilization=0.3):
+                 gpu_memory_utilization=0.3, cpu_kv_cache_gib=1.0):
         from vllm import LLM
         self.max_prompt_len = max_prompt_len
         on_cpu = not torch.cuda.is_available()
+        # the KV cache: a fraction of the GPU, or on a CPU a fixed size (VLLM_CPU_KVCACHE_SPACE overrides it)
+        memory = dict(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30)) if on_cpu else \
+            dict(gpu_memory_utilization=gpu_memory_utilization)
         self.llm = LLM(model=model_dir, dtype=dtype, seed=seed,
                        max_model_len=max_prompt_len + max_response_len,
                        enforce_eager=on_cpu, generation_config="vllm",
-                       logprobs_mode="processed_logprobs",
-                       gpu_memory_utilization=gpu_memory_utilization)
+                       logprobs_mode="processed_logprobs", **memory)
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompt_ids, n, temperature, max_tokens):
@@ -147,10 +148,10 @@ class HFEngine:
         pass
 
 
-def make_engine(backend, model_dir, max_prompt_len, max_response_len, seed=0, dtype="float32"):
+def make_engine(backend, model_dir, max_prompt_len, max_response_len, seed=0, dtype="float32", cpu_kv_cache_gib=1.0):
     """The one switch point between rollout backends."""
     if backend == "vllm":
-        return VLLMEngine(model_dir, max_prompt_len, max_response_len, seed, dtype)
+        return VLLMEngine(model_dir, max_prompt_len, max_response_len, seed, dtype, cpu_kv_cache_gib=cpu_kv_cache_gib)
     if backend == "hf":
         return HFEngine(model_dir, max_prompt_len, max_response_len, seed, dtype)
     raise ValueError(f"unknown rollout backend {backend!r}; choose 'vllm' or 'hf'")

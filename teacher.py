@@ -19,6 +19,7 @@ the KV cache and the model memory, while a weight load costs ~0.03 s on the clas
 import math
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from grpo import full_weights
 
@@ -31,7 +32,11 @@ def ema_decay(step, total_steps, start=0.99, end=0.9999):
 
 @torch.no_grad()
 def ema_update(teacher, policy, alpha):
-    """teacher <- (1 - alpha) * teacher + alpha * policy, shard by shard (the two are sharded alike)."""
+    """teacher <- (1 - alpha) * teacher + alpha * policy, shard by shard (the two are sharded alike).
+    FSDP leaves the root's parameters gathered after a forward; reshard both first."""
+    for m in (*teacher.modules(), *policy.modules()):
+        if isinstance(m, FSDPModule):
+            m.reshard()
     for t, p in zip(teacher.parameters(), policy.parameters(), strict=True):
         t.mul_(1 - alpha).add_(p.detach(), alpha=alpha)
 

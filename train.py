@@ -1,4 +1,4 @@
-"""Label-free GRPO for math reasoning: Co-rewarding-I and its baselines.
+"""Label-free GRPO for math reasoning: Co-rewarding-I and -II, and their baselines.
 
     torchrun train.py --method coreward1                       # the classroom world, a few minutes on a CPU
     torchrun --nproc_per_node=2 train.py --method majority     # each rank samples and trains its share
@@ -8,11 +8,14 @@ One step:
 1. take P question pairs (original q, rephrasing q'); each rank takes P / world_size of them;
 2. sample G responses to each view with the rollout engine (rollout.py);
 3. label each group and reward each response (rewards.py); for coreward1 the majority answer
-   over the q' responses labels the q responses and vice versa;
+   over the q' responses labels the q responses and vice versa; for coreward2 the EMA teacher
+   (teacher.py) samples G responses per question too and its majority is the label; the
+   answer-free baselines (self_certainty, entropy) score responses by the policy's token
+   distributions instead;
 4. normalise the rewards within each group into advantages, and take the clipped-GRPO update(s)
-   with a k3 KL penalty to the frozen start model (grpo.py); as J(q) + J(q') is one sum over
-   tokens, the two views simply share one token-mean loss;
-5. load the updated weights into the rollout engine.
+   with a k3 KL penalty to the frozen start model, or to the teacher for coreward2/3 (grpo.py);
+   as J(q) + J(q') is one sum over tokens, the two views simply share one token-mean loss;
+5. move the teacher towards the policy (EMA), and load the updated weights into the engine.
 
 Outputs in --out: metrics.jsonl (a line per step; a line per evaluation), config.json (the
 resolved configuration) and final/ (the trained model, loadable by transformers and vLLM).
@@ -31,6 +34,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import data
+from eval import accuracies, benchmark_prompts, eval_counts
 from grpo import StepConfig, full_weights, group_advantages, init_distributed, make_batch, score_responses, shard, train_step
 from rewards import (ANSWER_FREE_METHODS, METHODS, TEACHER_METHODS, certainty_rewards, extract_answer, is_equiv,
                      labels_for, rewards_for)
@@ -41,12 +45,14 @@ PRESETS = {
         data="classroom", pairs_per_step=16, group_size=8, steps=60, lr=1e-4, weight_decay=0.0,
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
         max_prompt_len=64, max_response_len=48, mini_batches=1, micro_batch_size=256,
-        eval_every=20, eval_k=8, eval_limit=200, dtype="float32"),
+        eval_data="classroom", eval_every=20, eval_k=8, eval_limit=200, eval_temperature=1.0, dtype="float32",
+        cpu_kv_cache_gib=0.25),
     "official": dict(
         data="openrs", pairs_per_step=128, group_size=8, epochs=3, lr=3e-6, weight_decay=0.01,
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
-        max_prompt_len=512, max_response_len=3072, mini_batches=2, micro_batch_size=4,
-        eval_every=20, eval_k=8, eval_limit=500, dtype="bfloat16"),
+        max_prompt_len=512, max_response_len=3072, mini_batches=2, micro_batch_size=2,
+        eval_data="math500", eval_every=20, eval_k=8, eval_limit=500, eval_temperature=0.8, dtype="bfloat16",
+        cpu_kv_cache_gib=2.0),
 }
 # A method is a set of argument values: these override the preset unless given on the command line.
 METHOD_DEFAULTS = {
@@ -60,7 +66,8 @@ def parse_args(argv=None):
     ap.add_argument("--method", required=True, choices=METHODS)
     ap.add_argument("--model", default=None, help="a Hugging Face model folder (default: the classroom base model)")
     ap.add_argument("--preset", choices=list(PRESETS), default=None, help="default: classroom without --model, else official")
-    ap.add_argument("--data", help="'classroom', a shipped pair set (openrs, math) or a parquet of pairs")
+    ap.add_argument("--data", help="'classroom', openrs, math, dapo, amc_ttt, a parquet of pairs, or a hub dataset id")
+    ap.add_argument("--eval_data", help="'classroom' or a shipped benchmark (math500, gsm8k, amc, amc23, aime24, aime25)")
     ap.add_argument("--out", default=None, help="output folder (default: runs/METHOD)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm", help="rollout engine")
@@ -71,7 +78,8 @@ def parse_args(argv=None):
     for name, kind in [("lr", float), ("weight_decay", float), ("warmup_ratio", float), ("max_grad_norm", float),
                        ("clip_eps", float), ("kl_coef", float), ("temperature", float), ("max_prompt_len", int),
                        ("max_response_len", int), ("mini_batches", int), ("micro_batch_size", int),
-                       ("eval_every", int), ("eval_k", int), ("eval_limit", int), ("dtype", str)]:
+                       ("eval_every", int), ("eval_k", int), ("eval_limit", int), ("eval_temperature", float),
+                       ("dtype", str), ("cpu_kv_cache_gib", float)]:
         ap.add_argument(f"--{name}", type=kind)
     ap.add_argument("--ema_start", type=float, default=0.99, help="the teacher's EMA decay at the first step")
     ap.add_argument("--ema_end", type=float, default=0.9999, help="... and at the last (the official code: 0.99999)")
@@ -119,8 +127,7 @@ def cosine_with_warmup(total_steps, warmup_ratio):
 
 
 def evaluate(engine, eval_prompts, eval_gold, args, device):
-    from eval import accuracies, eval_counts
-    sums = eval_counts(engine, eval_prompts, eval_gold, args.eval_k, args.temperature, args.max_response_len)
+    sums = eval_counts(engine, eval_prompts, eval_gold, args.eval_k, args.eval_temperature, args.max_response_len)
     return accuracies(all_sum(sums, device))
 
 
@@ -137,14 +144,12 @@ def main(argv=None):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     encode = data.prompt_encoder(tokenizer, classroom)
     pairs = data.drop_long(data.classroom_pairs("train") if classroom else data.load_pairs(args.data), encode, args.max_prompt_len)
-    test = data.classroom_pairs("test") if classroom else data.load_pairs(args.data)[-args.eval_limit:]
-    test = test[:args.eval_limit]
     if args.pairs_per_step % world_size:
         raise ValueError(f"--pairs_per_step {args.pairs_per_step} must be divisible by the {world_size} ranks")
     if args.steps is None:
         args.steps = max(1, int(args.epochs * len(pairs) / args.pairs_per_step))
-    eval_prompts = [encode(p.original) for p in test[rank::world_size]]
-    eval_gold = [p.answer for p in test[rank::world_size]]
+    eval_prompts, eval_gold = benchmark_prompts(tokenizer, args.eval_data, args.eval_limit, args.max_prompt_len)
+    eval_prompts, eval_gold = eval_prompts[rank::world_size], eval_gold[rank::world_size]
 
     dtype = getattr(torch, args.dtype)
     policy = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device),
@@ -156,7 +161,7 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(args.steps, args.warmup_ratio))
     engine = make_engine(args.backend, model_dir, args.max_prompt_len, args.max_response_len,
-                         seed=args.seed + rank, dtype=args.dtype)
+                         seed=args.seed + rank, dtype=args.dtype, cpu_kv_cache_gib=args.cpu_kv_cache_gib)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() // world_size)))
     step_cfg = StepConfig(args.temperature, args.clip_eps, args.kl_coef, args.mini_batches,
                           args.micro_batch_size, args.max_grad_norm)
@@ -225,7 +230,7 @@ def main(argv=None):
         }, device)
         n, tokens = sums["responses"], sums["tokens"]
         record = {
-            "step": step, "reward": sums["reward"] / n, "rollout_acc": sums["correct"] / n,
+            "step": step, "responses": int(n), "reward": sums["reward"] / n, "rollout_acc": sums["correct"] / n,
             "label_acc": None if labels is None else sums["label_correct"] / sums["groups"],
             "no_answer": sums["no_answer"] / n,
             "kl": sums["kl_sum"] / tokens, "entropy": sums["entropy_sum"] / tokens,

@@ -31,6 +31,8 @@ def test_ema_update_on_sharded_models(dist_world, tiny_model_dir):
             p.add_(1.0)
     expected = {k: 0.9 * v + 0.1 * plain_p.state_dict()[k] for k, v in plain_t.state_dict().items()}
     teacher, policy = shard(plain_t), shard(plain_p)
+    ids = torch.tensor([[2, 3, 4, 5]])
+    teacher(ids), policy(ids)              # as in training: forwards leave the root's parameters gathered
     ema_update(teacher, policy, alpha=0.1)
     for name, value in full_weights(teacher):
         assert torch.allclose(value, expected[name], atol=1e-6), name

@@ -29,7 +29,7 @@ def test_short_run_writes_metrics_and_a_loadable_model(tmp_path, method):
     assert [x["step"] for x in steps] == [1, 2]
     assert [x["step"] for x in evals] == [0, 1, 2]
     for x in steps:
-        assert STEP_KEYS <= set(x)
+        assert STEP_KEYS <= set(x) and x["responses"] == 64
         assert 0 <= x["reward"] <= 1 and 0 <= x["label_acc"] <= 1 and x["response_len"] > 5
         assert x["sampler_gap"] < 1e-3          # the engine runs the trainer's weights
         if method == "gt":                       # with gold labels, reward is accuracy
@@ -52,3 +52,20 @@ def test_unknown_method_is_refused():
 def test_prompt_limit_too_small_is_refused(tmp_path):
     res = run_train("--method", "coreward1", "--max_prompt_len", "10", "--out", str(tmp_path), timeout=120)
     assert res.returncode != 0 and "every pair's prompt exceeds --max_prompt_len 10" in res.stderr
+
+
+def test_two_ranks_each_sample_and_train_their_share(tmp_path):
+    out = tmp_path / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", "29655",
+           os.path.join(ROOT, "train.py"), "--method", "coreward1", "--steps", "2", "--pairs_per_step", "8",
+           "--group_size", "4", "--eval_limit", "16", "--eval_every", "2", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-4000:]
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "reward" in x]
+    assert [x["step"] for x in steps] == [1, 2]
+    # 8 pairs x 2 views x 4 responses over both ranks; both ranks' engines run the trainer's weights
+    assert all(x["responses"] == 64 and x["sampler_gap"] < 1e-3 for x in steps)
+    assert [x["step"] for x in lines if "eval_acc" in x] == [0, 2]
+    assert (out / "final" / "model.safetensors").exists()
