@@ -20,8 +20,10 @@ if __name__ == "__main__":
     batch = _batch(n=8)
     share = slice(rank * len(batch) // world, (rank + 1) * len(batch) // world)
     model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-    cfg = StepConfig(temperature=0.8, clip_eps=0.2, kl_coef=0.05, mini_batches=1, micro_batch_size=3, max_grad_norm=0.5)
+    # plain SGD and no clipping: unlike Adam's or clipping's, its update scales with the gradient,
+    # so a wrong normalisation across ranks shows
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    cfg = StepConfig(temperature=0.8, clip_eps=0.2, kl_coef=0.05, mini_batches=1, micro_batch_size=3, max_grad_norm=1e9)
     train_step(model, ref, opt, batch.rows(share), cfg, world)
     weights = {k: v.clone() for k, v in full_weights(model)}
     if rank == 0:
