@@ -12,9 +12,10 @@ so that it is a slowly-moving, stabler version of the student. (The official cod
 
 The teacher samples G responses per question through the policy's own rollout engine: its
 weights are loaded into the engine, it samples, and the policy's weights are loaded back, so the
-engine is always left serving the policy. One engine, not two: the second engine would double
-the KV cache and the model memory, while a weight load costs ~0.03 s on the classroom model
-(milliseconds per billion parameters on a GPU).
+engine is always left serving the policy. One engine, not two: on the classroom model a weight
+load takes 0.03 s (t_sync in metrics.jsonl), while a second vLLM engine costs its own model copy,
+KV cache and runtime (a lone classroom engine holds about 2 GB of resident memory on a CPU,
+which would push the default run past 4 GiB).
 """
 import math
 
