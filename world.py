@@ -19,7 +19,8 @@ Everything a Co-rewarding run needs, built in code, on any CPU, in minutes:
    trained with label smoothing (it keeps a little probability on every token), so that at
    temperature 1.0 it often slips: one sample is right far less often than the majority of 8,
    which is exactly the situation where label-free rewards carry signal. It is deterministic
-   from this file and shipped in `classroom/base/`; `python world.py` rebuilds it.
+   from this file and shipped in `classroom/base/`; `OMP_NUM_THREADS=1 python world.py` rebuilds
+   it bit for bit (other thread counts may change the last bits of the sums).
 
 The classroom prompt is plain text ("Question: ...\\nAnswer:"), as for a base model; the
 paper's system prompt is left out here because this tokenizer has no words for it.
