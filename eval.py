@@ -42,20 +42,15 @@ def accuracies(sums):
     return {"greedy": sums["greedy"] / n, "mean": sums["mean"] / n, "maj": sums["maj"] / n}
 
 
-def classroom_test_prompts(tokenizer, limit=None):
-    import world
-    problems = world.make_split("test")[:limit]
-    return [tokenizer(world.format_prompt(p.original))["input_ids"] for p in problems], [p.answer for p in problems]
-
-
 def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None):
     """Prompt ids and gold answers of a benchmark ('classroom' or one of data.BENCHMARKS) in the
     training prompt format; with max_prompt_len, longer prompts are dropped and counted."""
+    import data
+    encode = data.prompt_encoder(tokenizer, classroom=name == "classroom")
     if name == "classroom":
-        prompts, gold = classroom_test_prompts(tokenizer, limit)
+        pairs = data.classroom_pairs("test")[:limit]
+        prompts, gold = [encode(p.original) for p in pairs], [p.answer for p in pairs]
     else:
-        import data
-        encode = data.prompt_encoder(tokenizer, classroom=False)
         problems = data.load_benchmark(name, limit)
         prompts, gold = [encode(p.question) for p in problems], [p.answer for p in problems]
     if max_prompt_len is not None:
