@@ -85,12 +85,16 @@ def group_advantages(rewards, eps=1e-6):
     return (rewards - mean) / (std + eps)
 
 
+def vocab_logprobs(model, input_ids, temperature):
+    """log π(· | tokens ≤ t) over the vocabulary at the sampling temperature.
+    input_ids [B, T] right-padded (causal attention needs no mask then) -> [B, T-1, V]."""
+    return (model(input_ids=input_ids).logits[:, :-1].float() / temperature).log_softmax(-1)
+
+
 def token_logprobs(model, input_ids, temperature):
     """log π(token_{t+1} | tokens ≤ t) at the sampling temperature, and (no grad) the entropy of
-    that distribution. input_ids [B, T] right-padded (causal attention needs no mask then) ->
-    logp [B, T-1], entropy [B, T-1]."""
-    logits = model(input_ids=input_ids).logits[:, :-1].float() / temperature     # [B, T-1, V]
-    logp_all = logits.log_softmax(-1)
+    that distribution: logp [B, T-1], entropy [B, T-1]."""
+    logp_all = vocab_logprobs(model, input_ids, temperature)                      # [B, T-1, V]
     logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     with torch.no_grad():
         entropy = -(logp_all.exp() * logp_all).sum(-1)
@@ -178,11 +182,8 @@ def score(model, batch, cfg):
 def score_responses(model, batch, cfg, fn):
     """[N] per-response values fn(log-probs over the vocabulary [B, T-1, V], mask [B, T-1]) of a
     model at the sampling temperature, in micro-batches (the answer-free rewards)."""
-    out = []
-    for s in micro_batches(len(batch), cfg.micro_batch_size):
-        logits = model(input_ids=batch.input_ids[s]).logits[:, :-1].float() / cfg.temperature
-        out.append(fn(logits.log_softmax(-1), batch.mask[s]))
-    return torch.cat(out)
+    return torch.cat([fn(vocab_logprobs(model, batch.input_ids[s], cfg.temperature), batch.mask[s])
+                      for s in micro_batches(len(batch), cfg.micro_batch_size)])
 
 
 def train_step(policy, ref, optimizer, batch, cfg, world_size, generator=None):

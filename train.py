@@ -24,6 +24,7 @@ Presets: `classroom` (the default with no --model) runs the tiny world of world.
 `official` (the default with --model) is the paper's recipe; any flag given overrides its preset.
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -142,7 +143,8 @@ def main(argv=None):
     classroom = args.data == "classroom"
     model_dir = args.model or world.base_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    encode = data.prompt_encoder(tokenizer, classroom)
+    # question -> prompt ids, encoded once: drop_long sees every prompt, the steps reuse them
+    encode = functools.lru_cache(maxsize=None)(data.prompt_encoder(tokenizer, classroom))
     pairs = data.drop_long(data.classroom_pairs("train") if classroom else data.load_pairs(args.data), encode, args.max_prompt_len)
     if args.pairs_per_step % world_size:
         raise ValueError(f"--pairs_per_step {args.pairs_per_step} must be divisible by the {world_size} ranks")
