@@ -23,11 +23,14 @@ import time
 
 from rewards import extract_answer, is_equiv, majority_vote
 
+CLASSROOM_MAX_TOKENS = 48     # the classroom preset's response limit, so that eval.py reproduces training's evaluation
 
-def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=64):
-    """Sums over this share of the questions: {"n", "greedy", "mean", "maj"}."""
+
+def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM_MAX_TOKENS, seed=0):
+    """Sums over this share of the questions: {"n", "greedy", "mean", "maj"}. Each question's
+    samples are seeded by `seed` and the question, so a share gives what the whole would."""
     greedy = engine.generate(prompt_ids, n=1, temperature=0.0, max_tokens=max_tokens)
-    sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens)
+    sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens, seed=seed)
     sums = {"n": len(gold), "greedy": 0.0, "mean": 0.0, "maj": 0.0}
     for g, group, answer in zip(greedy, sampled, gold):
         answers = [extract_answer(s.text) for s in group]
@@ -73,7 +76,8 @@ def parse_args(argv=None):
     ap.add_argument("--benchmarks", default="classroom", help="comma-separated benchmark names")
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=None, help="default: 1.0 on the classroom, else 0.8")
-    ap.add_argument("--max_tokens", type=int, default=None, help="default: 64 on the classroom, else 3072")
+    ap.add_argument("--max_tokens", type=int, default=None,
+                    help=f"default: {CLASSROOM_MAX_TOKENS} on the classroom (as in training), else 3072")
     ap.add_argument("--limit", type=int, default=None, help="the first N questions of each benchmark")
     ap.add_argument("--out", default=None, help="folder for results.md and results.json (default: runs/eval/MODEL)")
     ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
@@ -83,7 +87,7 @@ def parse_args(argv=None):
     args.benchmarks = args.benchmarks.split(",")
     classroom = args.benchmarks == ["classroom"]
     args.temperature = args.temperature if args.temperature is not None else (1.0 if classroom else 0.8)
-    args.max_tokens = args.max_tokens if args.max_tokens is not None else (64 if classroom else 3072)
+    args.max_tokens = args.max_tokens if args.max_tokens is not None else (CLASSROOM_MAX_TOKENS if classroom else 3072)
     return args
 
 
@@ -102,7 +106,7 @@ def main(argv=None):
     results = {}
     for name, (prompts, gold) in sets.items():
         t0 = time.perf_counter()
-        sums = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens)
+        sums = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens, args.seed)
         results[name] = {"n": len(gold), **accuracies(sums), "seconds": round(time.perf_counter() - t0, 1)}
         print(f"{name}: {results[name]}")
     engine.close()

@@ -29,6 +29,7 @@ gradients up. The result is the gradient of L, whatever the number of ranks or m
 Sharding: `fully_shard` on each decoder layer, then on the root, on every run (a world of one
 included), so that one code path runs from a laptop to a cluster.
 """
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -80,6 +81,8 @@ def full_weights(model):
 
 def group_advantages(rewards, eps=1e-6):
     """rewards [P, G] -> advantages [P, G]; a group whose rewards are all equal gets zeros."""
+    if rewards.shape[-1] < 2:
+        raise ValueError(f"groups of {rewards.shape[-1]} response(s): advantages normalise within a group, which needs at least 2")
     mean = rewards.mean(-1, keepdim=True)
     std = rewards.std(-1, keepdim=True)                      # unbiased; G must be ≥ 2
     return (rewards - mean) / (std + eps)
@@ -186,23 +189,39 @@ def score_responses(model, batch, cfg, fn):
                       for s in micro_batches(len(batch), cfg.micro_batch_size)])
 
 
-def train_step(policy, ref, optimizer, batch, cfg, world_size, generator=None):
+class NonFiniteError(FloatingPointError):
+    """A loss, sampler log-prob gap or gradient norm that is NaN or infinite: the step stops
+    before the optimizer touches the weights."""
+
+
+def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     """Reference log-probs, then `cfg.mini_batches` clipped-GRPO updates.
 
     π_old is the policy that sampled the batch. With one update per step it is the policy
     being updated, so its log-probs are the update's own forward, detached; with several
-    updates they come from one no-grad pass before the first. Every rank must hold the same
-    number of sequences (FSDP's collectives pair up per forward and backward). Returns token
-    sums for metrics (the caller sums them over ranks); kl and entropy are those of each
-    update's forward."""
+    updates they come from one no-grad pass before the first, so that later updates take
+    their ratio against the sampling policy and can clip. `order` (a permutation of the rows,
+    default random) says which rows each update takes: update k takes its k-th chunk.
+
+    Every rank must hold the same number of sequences, divisible by `cfg.mini_batches` (FSDP's
+    collectives pair up per forward and backward). Before each optimizer step the ranks agree
+    that every loss, sampler gap and the gradient norm is finite; otherwise all of them raise
+    NonFiniteError and the weights stay as they were.
+
+    Returns token sums for metrics (the caller sums them over ranks; kl and entropy are those
+    of each update's forward) and grad_norm, the largest pre-clipping gradient norm among the
+    step's updates."""
+    if len(batch) % cfg.mini_batches:
+        raise ValueError(f"{len(batch)} sequences on this rank do not split into {cfg.mini_batches} equal mini-batches")
     ref_logp, _ = score(ref, batch, cfg)
     old_logp = score(policy, batch, cfg)[0] if cfg.mini_batches > 1 else None
     m = batch.mask
     stats = {"tokens": m.sum().item(), "kl_sum": 0.0, "entropy_sum": 0.0, "sampler_gap_sum": 0.0,
              "clipped_sum": 0.0, "grad_norm": 0.0}
-    order = torch.randperm(len(batch), generator=generator).to(batch.input_ids.device)
-    for mb in order.chunk(cfg.mini_batches):
+    order = torch.randperm(len(batch)) if order is None else order
+    for update, mb in enumerate(order.to(m.device).chunk(cfg.mini_batches)):
         normalizer = loss_normalizer(m[mb].sum().item(), world_size, m.device)
+        nonfinite = torch.zeros(2, device=m.device)          # [losses, sampler gaps] that are NaN or inf
         for s in micro_batches(len(mb), cfg.micro_batch_size):
             rows, mask = mb[s], m[mb[s]]
             logp, entropy = token_logprobs(policy, batch.input_ids[rows], cfg.temperature)
@@ -212,12 +231,22 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, generator=None):
             loss.backward()
             with torch.no_grad():
                 log_r = ref_logp[rows] - logp
+                gap = ((batch.sampler_logp[rows] - old).abs() * mask).sum()
+                nonfinite += torch.stack([~loss.isfinite(), ~gap.isfinite()]).float()
                 stats["kl_sum"] += ((torch.exp(log_r) - log_r - 1) * mask).sum().item()
                 stats["entropy_sum"] += (entropy * mask).sum().item()
-                stats["sampler_gap_sum"] += ((batch.sampler_logp[rows] - old).abs() * mask).sum().item()
+                stats["sampler_gap_sum"] += gap.item()
                 stats["clipped_sum"] += (clipped * mask).sum().item()
+        dist.all_reduce(nonfinite)                    # a loss is rank-local: every rank must stop together
         norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-        stats["grad_norm"] = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if nonfinite.any() or not math.isfinite(norm):
+            raise NonFiniteError(
+                f"update {update + 1} of {cfg.mini_batches}: {int(nonfinite[0])} non-finite loss(es), "
+                f"{int(nonfinite[1])} non-finite sampler log-prob gap(s), gradient norm {norm}. The update was not "
+                f"applied: the weights are those before it. Look for NaN or infinite rewards or advantages, a "
+                f"rollout engine returning NaN log-probs (its weights), or a learning rate too high for the dtype.")
+        stats["grad_norm"] = max(stats["grad_norm"], norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return stats

@@ -2,8 +2,13 @@
 
 Two engines behind the same two calls:
 
-    engine.generate(prompt_ids, n, temperature, max_tokens) -> [[Sample] * n] * len(prompt_ids)
+    engine.generate(prompt_ids, n, temperature, max_tokens, seed=None) -> [[Sample] * n] * len(prompt_ids)
     engine.load_weights(named_tensors)                       # the trainer's current weights
+
+With `seed`, each prompt's responses come from random streams of their own, seeded by `seed` and
+the prompt's tokens (`request_seed`), so that a prompt gets the same responses whatever else is in
+the batch and on whichever rank it is: the evaluation inside training and eval.py then agree
+exactly. Without it (training rollouts), the engine's own random stream is used.
 
 - `VLLMEngine`: vLLM in this process (no engine subprocess), one engine per rank. Its
   log-probs are the sampler's, after temperature (`logprobs_mode="processed_logprobs"`), so
@@ -16,6 +21,8 @@ Both sample with plain temperature: no top-k, no top-p, no generation config fro
 folder, so that the log-probs are those of the distribution the trainer optimises.
 """
 import os
+import struct
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +38,11 @@ class Sample:
     logprobs: list        # the sampler's log-prob of each response token, at the sampling temperature
     text: str             # the response decoded, without special tokens
     finished: bool        # False when it was cut at max_tokens
+
+
+def request_seed(seed, prompt_ids):
+    """The seed of one prompt's responses; response i of n uses request_seed + i (as vLLM does)."""
+    return zlib.crc32(struct.pack(f"<{len(prompt_ids) + 1}q", seed, *prompt_ids)) % 2**31
 
 
 def check_prompt_lengths(prompt_ids, max_prompt_len):
@@ -56,12 +68,13 @@ class VLLMEngine:
                        logprobs_mode="processed_logprobs", **memory)
         self.tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompt_ids, n, temperature, max_tokens):
+    def generate(self, prompt_ids, n, temperature, max_tokens, seed=None):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         check_prompt_lengths(prompt_ids, self.max_prompt_len)
-        params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1 if temperature > 0 else 1,
-                                max_tokens=max_tokens, logprobs=0, skip_special_tokens=True)
+        params = [SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1 if temperature > 0 else 1,
+                                 max_tokens=max_tokens, logprobs=0, skip_special_tokens=True,
+                                 seed=None if seed is None else request_seed(seed, p)) for p in prompt_ids]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
         groups = []
         for p, out in zip(prompt_ids, outs):
@@ -94,8 +107,11 @@ class HFEngine:
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
 
     @torch.no_grad()
-    def generate(self, prompt_ids, n, temperature, max_tokens):
+    def generate(self, prompt_ids, n, temperature, max_tokens, seed=None):
         check_prompt_lengths(prompt_ids, self.max_prompt_len)
+        # one random stream per response row when seeded, else the engine's own
+        streams = None if seed is None else [torch.Generator(self.device).manual_seed(request_seed(seed, p) + i)
+                                             for p in prompt_ids for i in range(n)]
         width = max(map(len, prompt_ids))
         # left-padded prompts, each repeated n times: [P * n, width]
         rows = [[self.pad] * (width - len(p)) + list(p) for p in prompt_ids for _ in range(n)]
@@ -113,7 +129,9 @@ class HFEngine:
             logits = res.logits[:, -1].float()                                  # [P*n, V]
             if temperature > 0:
                 logp = torch.log_softmax(logits / temperature, -1)
-                token = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+                probs = logp.exp()
+                token = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1) if streams is None else \
+                    torch.cat([torch.multinomial(probs[j], 1, generator=g) for j, g in enumerate(streams)])
             else:
                 logp = torch.log_softmax(logits, -1)
                 token = logits.argmax(-1)

@@ -18,7 +18,13 @@ One step:
 5. move the teacher towards the policy (EMA), and load the updated weights into the engine.
 
 Outputs in --out: metrics.jsonl (a line per step; a line per evaluation), config.json (the
-resolved configuration) and final/ (the trained model, loadable by transformers and vLLM).
+resolved configuration) and final/ (the trained model, loadable by transformers and vLLM). A run
+refuses an --out that already holds these, unless given --overwrite.
+
+Settings that cannot work (a group of one response, no steps, mini-batches that do not split a
+rank's sequences, ...) are refused before any compute, and the run stops before the optimizer
+step at the first NaN or infinite loss, gradient norm or sampler gap: nothing non-finite reaches
+the weights or a saved model.
 
 Presets: `classroom` (the default with no --model) runs the tiny world of world.py;
 `official` (the default with --model) is the paper's recipe; any flag given overrides its preset.
@@ -28,6 +34,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import time
 
 import torch
@@ -36,7 +43,8 @@ from tqdm import tqdm
 
 import data
 from eval import accuracies, benchmark_prompts, eval_counts
-from grpo import StepConfig, full_weights, group_advantages, init_distributed, make_batch, score_responses, shard, train_step
+from grpo import (NonFiniteError, StepConfig, full_weights, group_advantages, init_distributed, make_batch, score_responses,
+                  shard, train_step)
 from rewards import (ANSWER_FREE_METHODS, METHODS, TEACHER_METHODS, certainty_rewards, extract_answer, is_equiv,
                      labels_for, rewards_for)
 from teacher import ema_decay, ema_update, teacher_rollout
@@ -70,6 +78,7 @@ def parse_args(argv=None):
     ap.add_argument("--data", help="'classroom', openrs, math, dapo, amc_ttt, a parquet of pairs, or a hub dataset id")
     ap.add_argument("--eval_data", help="'classroom' or a shipped benchmark (math500, gsm8k, amc, amc23, aime24, aime25)")
     ap.add_argument("--out", default=None, help="output folder (default: runs/METHOD)")
+    ap.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier run in --out")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm", help="rollout engine")
     ap.add_argument("--steps", type=int, help="training steps (default: the preset's, or its epochs over the data)")
@@ -96,6 +105,51 @@ def parse_args(argv=None):
     return args
 
 
+def check_settings(args, world_size):
+    """Refuse, before any compute, settings that cannot work."""
+    def refuse(message):
+        raise ValueError(f"{message}; nothing was run")
+    for name in ("pairs_per_step", "mini_batches", "micro_batch_size", "eval_every", "eval_k", "max_prompt_len",
+                 "max_response_len"):
+        if getattr(args, name) < 1:
+            refuse(f"--{name} {getattr(args, name)} must be at least 1")
+    if args.steps is not None and args.steps < 1:
+        refuse(f"--steps {args.steps} must be at least 1")
+    if args.steps is None and not args.epochs > 0:
+        refuse(f"--epochs {args.epochs} must be positive")
+    if not args.temperature > 0:
+        refuse(f"--temperature {args.temperature} must be positive: GRPO samples its groups")
+    if args.group_size < 2:
+        refuse(f"--group_size {args.group_size} must be at least 2: advantages compare a response with the others "
+               f"to its question (a group of one has no spread; the paper uses 8)")
+    if args.pairs_per_step % world_size:
+        refuse(f"--pairs_per_step {args.pairs_per_step} must be divisible by the {world_size} ranks")
+    sequences = args.pairs_per_step // world_size * 2 * args.group_size          # per rank: pairs x 2 views x G
+    if sequences % args.mini_batches:
+        refuse(f"--mini_batches {args.mini_batches} must divide the {sequences} sequences each rank trains on per "
+               f"step (--pairs_per_step {args.pairs_per_step} / {world_size} ranks x 2 views x --group_size "
+               f"{args.group_size})")
+
+
+RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final")
+
+
+def claim_out(out, overwrite, rank):
+    """Refuse an --out that holds an earlier run's outputs, or with --overwrite remove them.
+    Rank 0 looks and every rank gets its answer, so that all ranks stop or go on together."""
+    found = [name for name in RUN_OUTPUTS if os.path.exists(os.path.join(out, name))] if rank == 0 else None
+    box = [found]
+    dist.broadcast_object_list(box, src=0)
+    found = box[0]
+    if found and not overwrite:
+        raise FileExistsError(f"--out {out} already holds a run ({', '.join(found)}); pass --overwrite to replace it, "
+                              f"or choose another --out")
+    if found and rank == 0:
+        for name in found:
+            path = os.path.join(out, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
 class MetricsLog:
     """Appends JSON lines on rank 0; a stand-in that does nothing on the other ranks."""
     def __init__(self, path, active):
@@ -119,8 +173,12 @@ def all_sum(values, device):
 
 
 def cosine_with_warmup(total_steps, warmup_ratio):
+    """The learning-rate factor of training step `step` (0-based): a linear warm-up over the first
+    max(1, int(total_steps * warmup_ratio)) steps (1/warmup, 2/warmup, ..., 1), then a cosine from 1
+    towards 0. It counts training steps, not optimizer updates: the scheduler moves once per step, so
+    a step's mini-batch updates share one rate."""
     warmup = max(1, int(total_steps * warmup_ratio))
-    def factor(step):          # step counts optimizer steps already taken
+    def factor(step):
         if step < warmup:
             return (step + 1) / warmup
         return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
@@ -128,13 +186,15 @@ def cosine_with_warmup(total_steps, warmup_ratio):
 
 
 def evaluate(engine, eval_prompts, eval_gold, args, device):
-    sums = eval_counts(engine, eval_prompts, eval_gold, args.eval_k, args.eval_temperature, args.max_response_len)
+    sums = eval_counts(engine, eval_prompts, eval_gold, args.eval_k, args.eval_temperature, args.max_response_len, args.seed)
     return accuracies(all_sum(sums, device))
 
 
 def main(argv=None):
     args = parse_args(argv)
+    check_settings(args, int(os.environ.get("WORLD_SIZE", 1)))
     rank, world_size, device = init_distributed()
+    claim_out(args.out, args.overwrite, rank)
     torch.manual_seed(args.seed)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import world
@@ -146,8 +206,6 @@ def main(argv=None):
     # question -> prompt ids, encoded once: drop_long sees every prompt, the steps reuse them
     encode = functools.lru_cache(maxsize=None)(data.prompt_encoder(tokenizer, classroom))
     pairs = data.drop_long(data.classroom_pairs("train") if classroom else data.load_pairs(args.data), encode, args.max_prompt_len)
-    if args.pairs_per_step % world_size:
-        raise ValueError(f"--pairs_per_step {args.pairs_per_step} must be divisible by the {world_size} ranks")
     if args.steps is None:
         args.steps = max(1, int(args.epochs * len(pairs) / args.pairs_per_step))
     eval_prompts, eval_gold = benchmark_prompts(tokenizer, args.eval_data, args.eval_limit, args.max_prompt_len)
@@ -213,7 +271,11 @@ def main(argv=None):
             labels = labels_for(args.method, answers, gold, teacher_answers)
             rewards = torch.tensor(rewards_for(answers, labels))                      # [2P, G]
         batch.advantages = group_advantages(rewards).flatten().to(device)
-        stats = train_step(policy, ref, optimizer, batch, step_cfg, world_size)
+        lr = scheduler.get_last_lr()[0]                                    # the rate this step's updates use
+        try:
+            stats = train_step(policy, ref, optimizer, batch, step_cfg, world_size)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"step {step}: {e} The run stopped; metrics.jsonl holds the steps before it.") from None
         scheduler.step()
         alpha = 1 - ema_decay(step - 1, args.steps - 1, args.ema_start, args.ema_end)
         if teacher is not None:
@@ -237,7 +299,7 @@ def main(argv=None):
             "no_answer": sums["no_answer"] / n,
             "kl": sums["kl_sum"] / tokens, "entropy": sums["entropy_sum"] / tokens,
             "response_len": tokens / n, "clip_frac": sums["clipped_sum"] / tokens,
-            "grad_norm": stats["grad_norm"], "lr": scheduler.get_last_lr()[0],
+            "grad_norm": stats["grad_norm"], "lr": lr,
             "sampler_gap": sums["sampler_gap_sum"] / tokens,
             "t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": t3 - t2,
             **({"ema_alpha": alpha} if teacher is not None else {}),
@@ -245,7 +307,7 @@ def main(argv=None):
         log.write(record)
         bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
                         label_acc="-" if labels is None else f"{record['label_acc']:.2f}")
-        if record["sampler_gap"] > args.max_sampler_gap:
+        if not record["sampler_gap"] <= args.max_sampler_gap:
             raise RuntimeError(f"step {step}: the rollout engine's log-probs differ from the trainer's by "
                                f"{record['sampler_gap']:.3f} per token (> --max_sampler_gap {args.max_sampler_gap}): "
                                f"the engine is not running the trainer's weights. Check the weight sync "

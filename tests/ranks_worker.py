@@ -1,8 +1,18 @@
-"""One GRPO update of a fixed model on a fixed global batch, each rank taking its share of it.
+"""GRPO steps of a fixed model on a fixed global batch, each rank taking its share of it.
 
     torchrun --nproc_per_node=N tests/ranks_worker.py OUT.pt
 
-Rank 0 saves the updated full weights to OUT.pt; test_grpo compares N=1 with N=2.
+The global batch holds 8 sequences: the first half short responses, the second half long ones,
+so that two ranks hold different token counts. Each case starts from fresh models:
+
+- `one_update`: one step, one update;
+- `two_updates`: one step, two mini-batches in a fixed order, such that the one-rank mini-batch k
+  is exactly the union of the ranks' mini-batch k;
+- `nan_on_one_rank` (N > 1 only): the last rank's sampler log-probs hold a NaN; every rank must
+  stop with NonFiniteError, its weights unmoved.
+
+Rank 0 saves the updated full weights of each case and every rank's outcome of the last to
+OUT.pt; test_grpo compares N=1 with N=2.
 """
 import os
 import sys
@@ -12,21 +22,45 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from grpo import StepConfig, full_weights, init_distributed, shard, train_step  # noqa: E402
+from grpo import NonFiniteError, StepConfig, full_weights, init_distributed, shard, train_step  # noqa: E402
 from test_grpo import _batch, _tiny_model  # noqa: E402
 
-if __name__ == "__main__":
-    rank, world, _ = init_distributed()
-    batch = _batch(n=8)
-    share = slice(rank * len(batch) // world, (rank + 1) * len(batch) // world)
+N, MINI_BATCHES = 8, 2
+
+
+def one_step(batch, mini_batches, order):
+    """Full weights after one step on fresh models, or the NonFiniteError it raised."""
     model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
     # plain SGD and no clipping: unlike Adam's or clipping's, its update scales with the gradient,
     # so a wrong normalisation across ranks shows
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    cfg = StepConfig(temperature=0.8, clip_eps=0.2, kl_coef=0.05, mini_batches=1, micro_batch_size=3, max_grad_norm=1e9)
-    train_step(model, ref, opt, batch.rows(share), cfg, world)
-    weights = {k: v.clone() for k, v in full_weights(model)}
+    cfg = StepConfig(temperature=0.8, clip_eps=0.2, kl_coef=0.05, mini_batches=mini_batches, micro_batch_size=3,
+                     max_grad_norm=1e9)
+    start = {k: v.clone() for k, v in full_weights(model)}
+    try:
+        train_step(model, ref, opt, batch, cfg, world, order=order)
+    except NonFiniteError as e:
+        moved = any(not torch.equal(v, start[k]) for k, v in full_weights(model))
+        return {"stopped": str(e), "moved": moved}
+    return {k: v.clone() for k, v in full_weights(model)}
+
+
+if __name__ == "__main__":
+    rank, world, _ = init_distributed()
+    per_rank = N // world
+    mine = _batch(n=N).rows(slice(rank * per_rank, (rank + 1) * per_rank))
+    # Each rank takes its rows in order, so its mini-batch k is its k-th chunk. One rank holding
+    # all 8 takes them as 0,1,4,5 | 2,3,6,7: the union of the two ranks' chunks k.
+    order = torch.arange(per_rank) if world > 1 else \
+        torch.arange(N).view(2, MINI_BATCHES, -1).transpose(0, 1).flatten()
+    out = {"one_update": one_step(mine, 1, order), "two_updates": one_step(mine, MINI_BATCHES, order)}
+    if world > 1:
+        if rank == world - 1:
+            mine.sampler_logp[0, mine.mask[0].nonzero()[0, 0]] = float("nan")
+        outcomes = [None] * world
+        torch.distributed.all_gather_object(outcomes, one_step(mine, 1, None))
+        out["nan_on_one_rank"] = outcomes
     if rank == 0:
-        torch.save(weights, sys.argv[1])
+        torch.save(out, sys.argv[1])
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()

@@ -1,19 +1,25 @@
-"""Tests of answers.py: extraction, equivalence, voting, adversarial input, threads.
+"""Tests of answers.py: extraction, equivalence, voting, adversarial input, the
+bounds on sympy's work, threads.
 
 Each table row is one case; the equivalence tables are checked both ways round
-(a, b) and (b, a), since is_equiv must be symmetric."""
+(a, b) and (b, a), since is_equiv must be symmetric.  Speed is measured in
+bench_answers.py, not here: these tests check the mechanisms that bound the
+work (refusals before sympy evaluates anything), not wall-clock time."""
 
+import contextlib
 import json
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import sympy
+from sympy.core.operations import AssocOp
 
-from answers import extract_answer, is_equiv, majority_vote
+import answers
+from answers import MAX_BITS, extract_answer, is_equiv, majority_vote, normalize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -143,9 +149,6 @@ def test_different(a, b):
     assert is_equiv(b, a) is False
 
 
-def test_tables_are_large():
-    assert len(EQUAL) + len(DIFFERENT) >= 150
-
 # ---------------------------------------------------------------------- voting
 
 VOTES = [
@@ -170,13 +173,11 @@ def test_majority_vote(votes, expected):
     assert majority_vote(votes) == expected
 
 
-def test_majority_vote_of_a_training_step_is_fast():
+def test_majority_vote_of_a_training_step():
     # 128 prompts x 8 answers, mostly short numbers, as one training step votes.
     groups = [[str((p * 7 + r * r) % 13 + p) for r in range(8)] for p in range(128)]
     groups[0] = ["\\frac12", "0.5", "1/2", "0.50", "2/4", "x", "\\dfrac{1}{2}", None]
-    start = time.perf_counter()
     winners = [majority_vote(group) for group in groups]
-    assert time.perf_counter() - start < 1.0
     assert winners[0] == "\\frac12"
     assert all(winner is not None for winner in winners)
 
@@ -209,20 +210,21 @@ ADVERSARIAL = [
 # (a huge power holds the interpreter lock; no thread can interrupt it) makes
 # these tests fail instead of hanging the whole run.
 GRADE_ADVERSARIAL = """
-import json, sys, time
+import json, sys
 from answers import extract_answer, is_equiv, majority_vote
 for answer in json.load(sys.stdin):
-    start = time.perf_counter()
     verdicts = [is_equiv(answer, "1"), is_equiv(answer, answer + "+1")]
     vote = majority_vote([answer, "2", answer + "1", "\\\\boxed{" + answer])
     extract_answer("\\\\boxed{" + answer + "}" + answer)
-    print(json.dumps([answer, time.perf_counter() - start, verdicts, vote]), flush=True)
+    print(json.dumps([answer, verdicts, vote]), flush=True)
 """
 
 
 @pytest.fixture(scope="module")
 def adversarial_results():
-    """(answer -> [seconds, [is_equiv to "1", to itself + "+1"], vote], the child's stderr)."""
+    """(answer -> [[is_equiv to "1", to itself + "+1"], vote], the child's stderr).
+
+    The child's timeout is a generous guard against hangs, not a speed test."""
     command = [sys.executable, "-c", GRADE_ADVERSARIAL]
     try:
         child = subprocess.run(command, input=json.dumps(ADVERSARIAL), capture_output=True, text=True,
@@ -234,20 +236,168 @@ def adversarial_results():
 
 
 @pytest.mark.parametrize("answer", ADVERSARIAL)
-def test_adversarial_inputs_finish_quickly(answer, adversarial_results):
+def test_adversarial_inputs_do_not_hang_or_crash(answer, adversarial_results):
     results, errors = adversarial_results
     assert answer in results, f"grading this answer hung or crashed: {errors[-2000:]}"
-    seconds, verdicts, vote = results[answer]
-    assert seconds < 2.0
+    verdicts, vote = results[answer]
     assert verdicts == [False, False]
     assert vote in (answer, "2")
 
 
-def test_long_response_extraction_is_fast():
+def test_long_response_extraction():
     response = "Let me think. " * 700 + "\\boxed{" * 300 + "\\boxed{42}"
-    start = time.perf_counter()
     assert extract_answer(response) == "42"
-    assert time.perf_counter() - start < 1.0
+
+# ----------------------------------------------------- bounds on sympy's work
+#
+# answers.py bounds its work by refusing input before sympy sees it: answers
+# over MAX_ANSWER_CHARS or nested deeper than MAX_NESTING normalise to None,
+# expressions over MAX_SYMPY_CHARS are never parsed, lists over MAX_PARTS are
+# compared as strings, and an expression whose numbers could need more than
+# MAX_BITS bits is refused after parsing (unevaluated) and before .doit().
+# These tests watch those refusals happen, by spying on sympy's entry points.
+
+CACHED = (answers.normalize, answers._equiv_normalized, answers._as_fraction, answers._to_sympy)
+
+
+@contextlib.contextmanager
+def fresh_caches():
+    """A cached verdict would hide the path taken, and verdicts reached under
+    a spy must not leak into other tests."""
+    for function in CACHED:
+        function.cache_clear()
+    try:
+        yield
+    finally:
+        for function in CACHED:
+            function.cache_clear()
+
+
+@pytest.fixture
+def no_cached_verdicts():
+    with fresh_caches():
+        yield
+
+
+class SympySpy:
+    """Records what answers.py hands to sympy: the expressions parse_expr
+    returns (unevaluated), the expressions evaluated with .doit(), and the
+    pairs compared by _sympy_equal.  With forbid=True, evaluating or
+    comparing raises instead of running, so a broken bound cannot hang."""
+
+    def __init__(self):
+        self.parsed, self.evaluated, self.compared = [], [], []
+        self.forbid = False
+
+
+@pytest.fixture
+def sympy_spy(monkeypatch):
+    spy = SympySpy()
+    parse_expr, sympy_equal = answers.parse_expr, answers._sympy_equal
+
+    def spied_parse_expr(*args, **kwargs):
+        expr = parse_expr(*args, **kwargs)
+        spy.parsed.append(expr)
+        return expr
+
+    def spied_sympy_equal(a, b):
+        spy.compared.append((a, b))
+        if spy.forbid:
+            raise RuntimeError("_sympy_equal called")
+        return sympy_equal(a, b)
+
+    def spied_doit(original):
+        def doit(self, **hints):
+            spy.evaluated.append(self)
+            if spy.forbid:
+                raise RuntimeError(f"doit called on {type(self).__name__}")
+            return original(self, **hints)
+        return doit
+
+    monkeypatch.setattr(answers, "parse_expr", spied_parse_expr)
+    monkeypatch.setattr(answers, "_sympy_equal", spied_sympy_equal)
+    for cls in (sympy.Basic, AssocOp):  # Pow and functions use Basic.doit, Add and Mul AssocOp.doit
+        monkeypatch.setattr(cls, "doit", spied_doit(cls.__dict__["doit"]))
+    with fresh_caches():
+        yield spy
+
+
+POWERS_TOO_LARGE = [
+    "9^9^9^9",
+    "2^{2^{2^{2^{2^{2}}}}}",
+    "10^{10^{10}}",
+    "((((2^{1000})^{1000})^{1000})^{1000})",  # a finite bound (~2^41 bits), still far too large
+    "2^{1000000}",
+]
+
+
+@pytest.mark.parametrize("power", POWERS_TOO_LARGE)
+def test_huge_powers_are_refused_before_evaluation(power, sympy_spy):
+    sympy_spy.forbid = True
+    assert answers._to_sympy(power) is None
+    assert sympy_spy.evaluated == [], "the power was evaluated, not refused"
+    (parsed,) = sympy_spy.parsed  # it was read, and refused by its bit bound
+    assert answers._bit_bound(parsed) > MAX_BITS
+    assert is_equiv(power, "1") is False
+    assert is_equiv(power, power + "+1") is False
+    assert sympy_spy.evaluated == [] and sympy_spy.compared == []
+
+
+def test_modest_powers_are_evaluated(sympy_spy):
+    assert answers._to_sympy("2^{10}") == 1024
+    (parsed,) = sympy_spy.parsed
+    assert answers._bit_bound(parsed) <= MAX_BITS
+    assert sympy_spy.evaluated, "2^{10} was not evaluated"
+    assert is_equiv("2^{10}", "1024") is True
+    assert is_equiv("2^{100}", str(2 ** 100)) is True
+    assert is_equiv("2^{100}", str(2 ** 100 + 1)) is False
+
+
+def test_long_expressions_are_compared_as_strings(sympy_spy):
+    long_sum = "+".join(["x"] * 250)  # 499 characters: over MAX_SYMPY_CHARS, under MAX_ANSWER_CHARS
+    assert normalize(long_sum) == long_sum  # a valid answer...
+    assert answers._to_sympy(long_sum) is None
+    assert sympy_spy.parsed == []  # ...that sympy never reads
+    assert is_equiv(long_sum, long_sum) is True
+    assert is_equiv(long_sum, "250x") is False
+    assert len(sympy_spy.parsed) == 1  # "250x" only
+
+    short_sum = "+".join(["x"] * 100)  # 199 characters: read and compared by sympy
+    assert is_equiv(short_sum, "100x") is True
+
+
+@pytest.mark.parametrize("answer", ["1" * 2000, "x+" * 600 + "1"])
+def test_over_long_answers_are_refused(answer, no_cached_verdicts):
+    assert normalize(answer) is None
+    assert is_equiv(answer, answer) is False
+    assert majority_vote([answer, answer, "5"]) == "5"
+    shorter = answer[:499]  # within MAX_ANSWER_CHARS
+    assert normalize(shorter) == shorter
+    assert is_equiv(shorter, shorter) is True
+
+
+@pytest.mark.parametrize("opener, closer", [("(", ")"), ("[", "]"), ("{", "}")])
+def test_deep_nesting_is_refused(opener, closer, no_cached_verdicts):
+    deep = opener * 30 + "1" + closer * 30  # deeper than MAX_NESTING
+    assert normalize(deep) is None
+    assert is_equiv(deep, "1") is False
+    assert is_equiv(deep, deep) is False
+    assert majority_vote([deep, deep, "5"]) == "5"
+    shallow = opener * 10 + "1" + closer * 10
+    assert normalize(shallow) == shallow
+    assert is_equiv(shallow, "1") is True
+
+
+def test_long_lists_are_compared_as_strings(no_cached_verdicts):
+    items = [str(k) for k in range(1, 26)]  # more parts than MAX_PARTS
+    forward, backward = ",".join(items), ",".join(reversed(items))
+    assert is_equiv(forward, forward) is True
+    assert is_equiv(forward, backward) is False  # as sets these would be equal
+    assert is_equiv("\\{" + forward + "\\}", "\\{" + backward + "\\}") is False
+    assert is_equiv("(" + forward + ")", "(" + ",".join(items[:-1]) + ",25.0)") is False
+    few = items[:10]  # within MAX_PARTS: compared part by part
+    assert is_equiv(",".join(few), ",".join(reversed(few))) is True
+    assert is_equiv("(" + ",".join(few) + ")", "(" + ",".join(few[:-1]) + ",10.0)") is True
 
 # --------------------------------------------------------------------- threads
 

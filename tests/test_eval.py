@@ -16,7 +16,7 @@ class FakeEngine:
     def __init__(self, greedy, sampled):
         self.greedy, self.sampled, self.calls = greedy, sampled, []
 
-    def generate(self, prompt_ids, n, temperature, max_tokens):
+    def generate(self, prompt_ids, n, temperature, max_tokens, seed=None):
         self.calls.append((n, temperature, max_tokens))
         source = self.greedy if temperature == 0 else self.sampled
         return [[_sample(t) for t in source[p[0]]][:n] for p in prompt_ids]
@@ -31,7 +31,7 @@ class ConstantEngine(FakeEngine):
         super().__init__(greedy=None, sampled=None)
         self.text = text
 
-    def generate(self, prompt_ids, n, temperature, max_tokens):
+    def generate(self, prompt_ids, n, temperature, max_tokens, seed=None):
         self.calls.append((n, temperature, max_tokens))
         return [[_sample(self.text)] * n for _ in prompt_ids]
 
@@ -69,8 +69,12 @@ def test_markdown_table():
 
 
 def test_defaults_follow_the_benchmarks():
+    import train
     classroom = evaluation.parse_args([])
-    assert (classroom.benchmarks, classroom.temperature, classroom.max_tokens) == (["classroom"], 1.0, 64)
+    preset = train.PRESETS["classroom"]
+    # the classroom defaults are the training evaluation's, so that the two agree
+    assert (classroom.benchmarks, classroom.temperature, classroom.max_tokens, classroom.k) == \
+        (["classroom"], preset["eval_temperature"], preset["max_response_len"], preset["eval_k"]) == (["classroom"], 1.0, 48, 8)
     paper = evaluation.parse_args(["--benchmarks", "math500,aime24"])
     assert (paper.benchmarks, paper.temperature, paper.max_tokens) == (["math500", "aime24"], 0.8, 3072)
 

@@ -1,13 +1,14 @@
 """The GRPO maths: advantages, loss, gradients, micro-batching, and 2 ranks against 1."""
-import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from grpo import Batch, StepConfig, group_advantages, grpo_loss, shard, token_logprobs, train_step
+from grpo import (Batch, NonFiniteError, StepConfig, full_weights, group_advantages, grpo_loss, shard, token_logprobs,
+                  train_step)
 from conftest import ROOT
 
 
@@ -51,11 +52,13 @@ def _tiny_model(seed=0):
 
 
 def _batch(n=6, width=10, seed=1):
+    """n sequences with a 3-token prompt; the first half has short responses (2-3 tokens), the
+    second half long ones (6-7), so that two ranks taking a half each hold different token counts."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, 64, (n, width), generator=g)
     mask = torch.zeros(n, width - 1)
-    for i in range(n):                    # prompt of 3 tokens, responses of different lengths
-        mask[i, 2:2 + 3 + i % 4] = 1.0
+    for i in range(n):
+        mask[i, 2:2 + 2 + i % 2 + 4 * (i >= n // 2)] = 1.0
     adv = torch.randn(n, generator=g)
     return Batch(ids, mask, adv, torch.zeros(n, width - 1))
 
@@ -81,8 +84,8 @@ def _train_once(micro_batch_size, mini_batches=1, world_size=1):
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=mini_batches,
                      micro_batch_size=micro_batch_size, max_grad_norm=1e9)
-    train_step(model, ref, opt, _batch(), cfg, world_size, generator=torch.Generator().manual_seed(0))
-    from grpo import full_weights
+    order = torch.randperm(6, generator=torch.Generator().manual_seed(0))
+    train_step(model, ref, opt, _batch(), cfg, world_size, order=order)
     return dict(full_weights(model))
 
 
@@ -99,7 +102,8 @@ def test_micro_batches_match_whole_batch(dist_world, mini_batches):
 
 
 def test_two_ranks_match_one_rank(tmp_path):
-    """Same global batch: one rank holding all of it, or two ranks holding half each."""
+    """Same global batch: one rank holding all of it, or two ranks holding half each, with
+    different token counts; one update, and two mini-batches in the same order."""
     out = {}
     for n in (1, 2):
         path = tmp_path / f"w{n}.pt"
@@ -108,6 +112,76 @@ def test_two_ranks_match_one_rank(tmp_path):
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
         out[n] = torch.load(path)
-    for name in out[1]:
-        assert torch.allclose(out[1][name], out[2][name], atol=1e-6), name
-    assert json.loads(json.dumps(sorted(out[1]))) == sorted(out[2])
+    start = _tiny_model().state_dict()
+    for case in ("one_update", "two_updates"):
+        one, two = out[1][case], out[2][case]
+        assert sorted(one) == sorted(two)
+        for name in one:
+            assert torch.allclose(one[name], two[name], atol=1e-6), (case, name)
+        assert sum((one[k] - start[k]).abs().sum() for k in one) > 1e-3, case      # the step moved the weights
+    # the last rank's sampler log-probs held a NaN: both ranks stopped, neither moved its weights
+    for outcome in out[2]["nan_on_one_rank"]:
+        assert "1 non-finite sampler log-prob gap" in outcome["stopped"] and not outcome["moved"]
+
+
+def _plain_reference_step(batch, order, mini_batches, lr, cfg):
+    """The step written out on an unsharded model: π_old is the policy before the first update."""
+    model, ref = _tiny_model(), _tiny_model()
+    with torch.no_grad():
+        old = token_logprobs(model, batch.input_ids, cfg.temperature)[0]
+        ref_logp = token_logprobs(ref, batch.input_ids, cfg.temperature)[0]
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    norms = []
+    for mb in order.chunk(mini_batches):
+        logp = token_logprobs(model, batch.input_ids[mb], cfg.temperature)[0]
+        loss, _ = grpo_loss(logp, old[mb], ref_logp[mb], batch.advantages[mb], batch.mask[mb], cfg.clip_eps,
+                            cfg.kl_coef, batch.mask[mb].sum())
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item())
+        opt.step()
+        opt.zero_grad()
+    return model.state_dict(), norms
+
+
+def test_later_updates_take_their_ratio_against_the_sampling_policy(dist_world):
+    """With two mini-batches, the second update's ratio is π_θ / π_old with π_old the policy that
+    sampled (before the first update): it has moved away from 1, so it clips. The step matches
+    the plain reference, and logs the largest of its updates' gradient norms."""
+    batch, lr = _batch(n=8), 1.0
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(0))
+    cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=2, micro_batch_size=3, max_grad_norm=1e9)
+    model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
+    stats = train_step(model, ref, torch.optim.SGD(model.parameters(), lr=lr), batch, cfg, 1, order=order)
+    expected, norms = _plain_reference_step(batch, order, 2, lr, cfg)
+    for name, value in full_weights(model):
+        assert torch.allclose(value, expected[name], atol=1e-5), name
+    assert stats["clipped_sum"] > 0               # the first update's ratio is exactly 1: these clipped in the second
+    assert norms[0] > norms[1] and stats["grad_norm"] == pytest.approx(max(norms), rel=1e-5)
+
+
+@pytest.mark.parametrize("where, message", [
+    ("advantages", "update 1 of 1: 1 non-finite loss(es), 0 non-finite sampler"),
+    ("sampler_logp", "update 1 of 1: 0 non-finite loss(es), 1 non-finite sampler"),
+    ("grad_norm", "0 non-finite sampler log-prob gap(s), gradient norm inf"),
+])
+def test_a_non_finite_value_stops_the_step_before_the_weights_move(dist_world, monkeypatch, where, message):
+    batch = _batch()
+    if where == "advantages":
+        batch.advantages[1] = float("nan")
+    elif where == "sampler_logp":
+        batch.sampler_logp[1, 2] = float("nan")
+    else:
+        real = torch.nn.utils.clip_grad_norm_
+        monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: real(params, max_norm) * float("inf"))
+    model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
+    before = {k: v.clone() for k, v in full_weights(model)}
+    cfg = StepConfig(mini_batches=1, micro_batch_size=6)
+    with pytest.raises(NonFiniteError, match=re.escape(message)):
+        train_step(model, ref, torch.optim.AdamW(model.parameters(), lr=1e-2), batch, cfg, 1)
+    for name, value in full_weights(model):
+        assert torch.equal(value, before[name]), name
+
+
+def test_a_group_of_one_response_is_refused():
+    with pytest.raises(ValueError, match="groups of 1 response"):
+        group_advantages(torch.tensor([[1.0], [0.0]]))

@@ -57,3 +57,20 @@ def test_a_prompt_over_the_limit_is_refused(tiny_model_dir):
     engine = make_engine("hf", tiny_model_dir, max_prompt_len=8, max_response_len=4)
     with pytest.raises(ValueError, match="exceed the prompt limit of 8 tokens"):
         engine.generate([[1] * 5, [1] * 9], n=1, temperature=1.0, max_tokens=4)
+
+
+@pytest.mark.parametrize("backend", ["vllm", "hf"])
+def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, backend):
+    """With a seed, each prompt samples from streams of its own: a share of the prompts, in another
+    order, gets what the whole batch got; another seed gets other responses."""
+    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=12, seed=0)
+    tok = engine.tokenizer
+    prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:6]]
+    texts = lambda groups: [[s.text for s in g] for g in groups]
+    whole = texts(engine.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=5))
+    share = texts(engine.generate(prompts[4:1:-1], n=3, temperature=1.0, max_tokens=12, seed=5))
+    assert share == whole[4:1:-1]
+    assert len({t for g in whole for t in g}) > 6                     # the responses of a group differ
+    other = texts(engine.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=6))
+    assert other != whole
+    engine.close()

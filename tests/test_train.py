@@ -1,64 +1,307 @@
-"""End to end: a short `train.py` run of each method on the shipped classroom base model."""
+"""End to end: `train.py` runs of every method on the shipped classroom base model.
+
+The runs are in-process, with `train_step` and `ema_update` wrapped to record what the loop
+hands them (the KL anchor, the learning rate, the advantages, the EMA α) and the weights they
+leave behind; the checks then say what tells the methods apart. Settings that cannot work, an
+existing output folder and a non-finite loss are refused or stopped with a message.
+"""
 import json
+import math
 import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass, field
 
 import pytest
+import torch
 
+import train
+import world
 from conftest import ROOT
+from grpo import NonFiniteError, full_weights, group_advantages
+from teacher import ema_decay
 
-STEP_KEYS = {"step", "reward", "rollout_acc", "label_acc", "kl", "entropy", "response_len", "t_rollout", "t_train"}
-EVAL_KEYS = {"step", "eval_acc", "eval_greedy"}
+METHODS = ["gt", "majority", "coreward1", "coreward2", "coreward3", "self_certainty", "entropy"]
+TEACHER_METHODS = ["coreward2", "coreward3"]
+ANSWER_FREE = ["self_certainty", "entropy"]
+PAIRS, G, STEPS, EVAL_LIMIT = 8, 4, 2, 16
+SHORT = ["--steps", str(STEPS), "--pairs_per_step", str(PAIRS), "--group_size", str(G), "--eval_limit", str(EVAL_LIMIT),
+         "--eval_every", "2"]
 
 
-def run_train(*args, timeout=600):
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def _clone(model):
+    return {name: t.detach().clone() for name, t in full_weights(model)}
 
 
-@pytest.mark.parametrize("method", ["gt", "majority", "coreward1"])
-def test_short_run_writes_metrics_and_a_loadable_model(tmp_path, method):
-    out = tmp_path / method
-    res = run_train("--method", method, "--steps", "2", "--pairs_per_step", "8", "--group_size", "4",
-                    "--eval_limit", "16", "--eval_every", "1", "--out", str(out))
-    assert res.returncode == 0, res.stderr[-4000:]
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [x for x in lines if "reward" in x]
-    evals = [x for x in lines if "eval_acc" in x]
-    assert [x["step"] for x in steps] == [1, 2]
-    assert [x["step"] for x in evals] == [0, 1, 2]
-    for x in steps:
-        assert STEP_KEYS <= set(x) and x["responses"] == 64
-        assert 0 <= x["reward"] <= 1 and 0 <= x["label_acc"] <= 1 and x["response_len"] > 5
-        assert x["sampler_gap"] < 1e-3          # the engine runs the trainer's weights
-        if method == "gt":                       # with gold labels, reward is accuracy
-            assert x["reward"] == pytest.approx(x["rollout_acc"])
-    for x in evals:
-        assert EVAL_KEYS <= set(x) and 0 <= x["eval_acc"] <= 1
-    config = json.loads((out / "config.json").read_text())
-    assert config["method"] == method and config["lr"] == 1e-4
+@dataclass
+class Run:
+    out: str
+    lines: list
+    steps: list = field(default_factory=list)      # per train_step call: what it was given and left
+    emas: list = field(default_factory=list)       # per ema_update call
+    error: Exception = None                        # what stopped the run, if anything
 
+    @property
+    def step_records(self):
+        return [x for x in self.lines if "reward" in x]
+
+    @property
+    def eval_records(self):
+        return [x for x in self.lines if "eval_acc" in x]
+
+
+def run_in_process(out, method, *extra):
+    """train.main with its train_step and ema_update recording their arguments; an exception
+    that stops the run is kept in `error`."""
+    run = Run(str(out), [])
+    real_step, real_ema = train.train_step, train.ema_update
+
+    def train_step(policy, ref, optimizer, batch, cfg, world_size, **kwargs):
+        call = {"policy": policy, "ref": ref, "lr": optimizer.param_groups[0]["lr"], "ref_weights": _clone(ref),
+                "input_ids": batch.input_ids.clone(), "mask": batch.mask.clone(), "advantages": batch.advantages.clone()}
+        run.steps.append(call)
+        call["stats"] = real_step(policy, ref, optimizer, batch, cfg, world_size, **kwargs)
+        call["policy_after"] = _clone(policy)
+        return call["stats"]
+
+    def ema_update(teacher, policy, alpha):
+        real_ema(teacher, policy, alpha)
+        run.emas.append({"teacher": teacher, "policy": policy, "alpha": alpha, "teacher_after": _clone(teacher)})
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(train, "train_step", train_step)
+        mp.setattr(train, "ema_update", ema_update)
+        try:
+            train.main(["--method", method, "--out", str(out), *extra])
+        except Exception as e:          # noqa: BLE001  (the test that made the run looks at it)
+            run.error = e
+    metrics = os.path.join(str(out), "metrics.jsonl")
+    run.lines = [json.loads(x) for x in open(metrics).read().splitlines()] if os.path.exists(metrics) else []
+    return run
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    """Each method's run, made once: 2 steps of 8 pairs x 2 views x G=4, evaluations at steps 0
+    and 2. Each writes over a stale run with --overwrite."""
+    runs = {}
+
+    def get(method):
+        if method not in runs:
+            out = tmp_path_factory.mktemp(method)
+            (out / "metrics.jsonl").write_text('{"step": 99, "reward": 7}\n')
+            (out / "final").mkdir()
+            (out / "final" / "stale.txt").write_text("from an earlier run")
+            runs[method] = run_in_process(out, method, *SHORT, "--overwrite")
+            if runs[method].error is not None:
+                raise runs[method].error
+        return runs[method]
+    return get
+
+
+def _base_weights():
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(out / "final")
-    assert model.config.num_hidden_layers == 4
+    return AutoModelForCausalLM.from_pretrained(world.base_model_dir(), dtype=torch.float32).state_dict()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_trains_and_logs_each_step(short_run, method):
+    run = short_run(method)
+    assert [x["step"] for x in run.step_records] == [1, 2]             # the stale step 99 is gone
+    assert [x["step"] for x in run.eval_records] == [0, 2]
+    assert len(run.steps) == STEPS
+    lr = train.PRESETS["classroom"]["lr"]
+    schedule = train.cosine_with_warmup(STEPS, train.PRESETS["classroom"]["warmup_ratio"])
+    for record, call in zip(run.step_records, run.steps):
+        assert record["responses"] == PAIRS * 2 * G
+        assert record["sampler_gap"] < 1e-3                            # the engine runs the trainer's weights
+        assert (record["label_acc"] is None) == (method in ANSWER_FREE)
+        # the logged rate is the one this step's update used, and follows the schedule
+        assert record["lr"] == call["lr"] == pytest.approx(lr * schedule(record["step"] - 1))
+        assert record["grad_norm"] == call["stats"]["grad_norm"] > 0
+        assert ("ema_alpha" in record) == (method in TEACHER_METHODS)
+        if method in ANSWER_FREE:
+            assert record["reward"] > 0 if method == "self_certainty" else record["reward"] < 0
+        else:
+            assert 0 <= record["reward"] <= 1 and 0 <= record["label_acc"] <= 1
+        if method == "gt":                                             # with gold labels, reward is accuracy
+            assert record["reward"] == pytest.approx(record["rollout_acc"])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_saved_model_is_the_trained_policy(short_run, method):
+    from transformers import AutoModelForCausalLM
+    run = short_run(method)
+    final = AutoModelForCausalLM.from_pretrained(os.path.join(run.out, "final"), dtype=torch.float32).state_dict()
+    trained, base = run.steps[-1]["policy_after"], _base_weights()
+    assert sorted(final) == sorted(trained)
+    for name in trained:
+        assert torch.equal(final[name], trained[name]), name
+    assert sum((final[k] - base[k]).abs().sum().item() for k in final) > 1e-3
+    assert not os.path.exists(os.path.join(run.out, "final", "stale.txt"))
+
+
+@pytest.mark.parametrize("method", TEACHER_METHODS)
+def test_the_teacher_follows_its_ema_schedule_and_anchors_the_kl(short_run, method):
+    run = short_run(method)
+    # α = 1 - decay, the decay going from 0.99 at the first step to 0.9999 at the last
+    alphas = [e["alpha"] for e in run.emas]
+    assert alphas == pytest.approx([0.01, 0.0001]) == [1 - ema_decay(s, STEPS - 1) for s in range(STEPS)]
+    assert [x["ema_alpha"] for x in run.step_records] == alphas
+    teacher = run.emas[0]["teacher"]
+    assert all(e["teacher"] is teacher and e["policy"] is run.steps[0]["policy"] for e in run.emas)
+    assert all(call["ref"] is teacher for call in run.steps)           # the KL anchor is the teacher
+    # the teacher is the EMA of the policy after each step, starting from the base model
+    expected = _base_weights()
+    for call, ema in zip(run.steps, run.emas):
+        assert all(torch.allclose(call["ref_weights"][k], expected[k], atol=1e-6) for k in expected)
+        alpha = ema["alpha"]
+        expected = {k: (1 - alpha) * v + alpha * call["policy_after"][k] for k, v in expected.items()}
+        for k, v in ema["teacher_after"].items():
+            assert torch.allclose(v, expected[k], atol=1e-6), k
+    assert any(not torch.equal(run.steps[1]["ref_weights"][k], run.steps[0]["ref_weights"][k]) for k in expected)
+
+
+@pytest.mark.parametrize("method", ["gt", "majority", "coreward1", "self_certainty", "entropy"])
+def test_other_methods_anchor_the_kl_to_the_frozen_start_model(short_run, method):
+    run = short_run(method)
+    base = _base_weights()
+    assert run.emas == []
+    for call in run.steps:
+        assert call["ref"] is not call["policy"]
+        assert all(torch.equal(call["ref_weights"][k], base[k]) for k in base)
+
+
+@pytest.mark.parametrize("method", ANSWER_FREE)
+def test_answer_free_rewards_from_the_naive_formula(short_run, method):
+    """Step 1's advantages are those of the naive per-response reward of the base model (the
+    policy before the first update): self-certainty rewards confidence, entropy punishes doubt."""
+    from transformers import AutoModelForCausalLM
+    run = short_run(method)
+    call = run.steps[0]
+    model = AutoModelForCausalLM.from_pretrained(world.base_model_dir(), dtype=torch.float32)
+    with torch.no_grad():
+        p = torch.softmax(model(input_ids=call["input_ids"]).logits[:, :-1].double(), -1)     # T = 1.0
+    V = p.shape[-1]
+    if method == "self_certainty":           # KL(U || p) = sum_v (1/V) log((1/V) / p_v)
+        per_token = ((1 / V) * torch.log((1 / V) / p)).sum(-1)
+    else:                                    # minus the entropy
+        per_token = (p * p.log()).sum(-1)
+    mask = call["mask"].double()
+    rewards = (per_token * mask).sum(-1) / mask.sum(-1)
+    expected = group_advantages(rewards.view(-1, G)).flatten()
+    assert torch.allclose(call["advantages"].double(), expected, atol=1e-3)
+    assert expected.abs().max() > 0.5
+
+
+def test_training_evaluation_equals_eval_py(short_run, tmp_path):
+    """eval.py on the saved model, with its classroom defaults, gives the training run's last
+    evaluation exactly: same prompts, same limit, per-question sampling seeds."""
+    import eval as evaluation
+    run = short_run("coreward1")
+    last = run.eval_records[-1]
+    results = evaluation.main(["--model", os.path.join(run.out, "final"), "--limit", str(EVAL_LIMIT),
+                               "--out", str(tmp_path)])["classroom"]
+    assert results["n"] == EVAL_LIMIT
+    assert (results["greedy"], results["mean"], results["maj"]) == \
+        pytest.approx((last["eval_greedy"], last["eval_acc"], last["eval_maj"]), abs=1e-12)
+
+
+def test_a_non_finite_loss_stops_the_run_before_the_weights_move(tmp_path, monkeypatch):
+    """A NaN advantage at step 2: the run stops with a message before the optimizer step; the
+    policy keeps its step-1 weights, and no model is saved."""
+    real, calls = train.group_advantages, []
+
+    def nan_at_step_2(rewards):
+        calls.append(rewards)
+        advantages = real(rewards)
+        if len(calls) == 2:
+            advantages[0, 0] = float("nan")
+        return advantages
+    monkeypatch.setattr(train, "group_advantages", nan_at_step_2)
+    out = tmp_path / "nan"
+    run = run_in_process(out, "coreward1", *SHORT, "--backend", "hf")
+    assert isinstance(run.error, NonFiniteError)
+    assert str(run.error).startswith("step 2: update 1 of 1: 1 non-finite loss(es)") and "not applied" in str(run.error)
+    assert [x["step"] for x in run.step_records] == [1]
+    assert not (out / "final").exists()
+    now = _clone(run.steps[-1]["policy"])
+    for name, value in run.steps[0]["policy_after"].items():
+        assert torch.equal(now[name], value) and value.isfinite().all(), name
+
+
+def test_an_existing_run_is_not_overwritten(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "final").mkdir()
+    with pytest.raises(FileExistsError, match=r"already holds a run \(metrics.jsonl, final\); pass --overwrite"):
+        train.main(["--method", "gt", "--out", str(tmp_path)])
+    assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("flags, world_size, message", [
+    (["--group_size", "1"], 1, "--group_size 1 must be at least 2"),
+    (["--steps", "0"], 1, "--steps 0 must be at least 1"),
+    (["--steps", "-3"], 1, "--steps -3 must be at least 1"),
+    (["--eval_every", "0"], 1, "--eval_every 0 must be at least 1"),
+    (["--pairs_per_step", "9"], 2, "--pairs_per_step 9 must be divisible by the 2 ranks"),
+    (["--pairs_per_step", "8", "--group_size", "4", "--mini_batches", "3"], 2,
+     "--mini_batches 3 must divide the 32 sequences each rank trains on per step"),
+    (["--mini_batches", "0"], 1, "--mini_batches 0 must be at least 1"),
+    (["--micro_batch_size", "0"], 1, "--micro_batch_size 0 must be at least 1"),
+    (["--pairs_per_step", "0"], 1, "--pairs_per_step 0 must be at least 1"),
+    (["--eval_k", "0"], 1, "--eval_k 0 must be at least 1"),
+    (["--max_response_len", "0"], 1, "--max_response_len 0 must be at least 1"),
+    (["--max_prompt_len", "0"], 1, "--max_prompt_len 0 must be at least 1"),
+    (["--temperature", "0"], 1, "--temperature 0.0 must be positive"),
+    (["--model", "m", "--epochs", "0"], 1, "--epochs 0.0 must be positive"),
+])
+def test_settings_that_cannot_work_are_refused(flags, world_size, message):
+    args = train.parse_args(["--method", "coreward1", *flags])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train.check_settings(args, world_size)
+
+
+def test_settings_that_work_pass():
+    train.check_settings(train.parse_args(["--method", "coreward1"]), 1)
+    train.check_settings(train.parse_args(["--method", "coreward1", "--pairs_per_step", "8", "--group_size", "4",
+                                           "--mini_batches", "4"]), 2)
+    train.check_settings(train.parse_args(["--method", "coreward1", "--model", "m"]), 8)     # the official preset
+
+
+def test_the_run_refuses_bad_settings_before_any_compute(tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "init_distributed", lambda: pytest.fail("started a process group"))
+    with pytest.raises(ValueError, match="--group_size 1 must be at least 2"):
+        train.main(["--method", "coreward1", "--group_size", "1", "--out", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()
+
+
+def test_cosine_schedule_with_warmup_by_hand():
+    f = train.cosine_with_warmup(10, 0.3)          # warm-up over 3 steps, then 7 steps of cosine
+    assert [f(s) for s in range(4)] == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0])
+    assert f(6) == pytest.approx(0.5 * (1 + math.cos(math.pi * 3 / 7)))
+    assert f(9) == pytest.approx(0.5 * (1 + math.cos(math.pi * 6 / 7)))
+    assert f(10) == pytest.approx(0.0)
+    g = train.cosine_with_warmup(2, 0.1)           # at least one warm-up step
+    assert [g(0), g(1)] == [1.0, 1.0]
 
 
 def test_unknown_method_is_refused():
-    res = run_train("--method", "ttrl", timeout=60)
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--method", "ttrl"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "invalid choice: 'ttrl'" in res.stderr
 
 
 def test_prompt_limit_too_small_is_refused(tmp_path):
-    res = run_train("--method", "coreward1", "--max_prompt_len", "10", "--out", str(tmp_path), timeout=120)
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--method", "coreward1", "--max_prompt_len",
+                          "10", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and "every pair's prompt exceeds --max_prompt_len 10" in res.stderr
 
 
 def test_two_ranks_each_sample_and_train_their_share(tmp_path):
     out = tmp_path / "two"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", "29655",
-           os.path.join(ROOT, "train.py"), "--method", "coreward1", "--steps", "2", "--pairs_per_step", "8",
-           "--group_size", "4", "--eval_limit", "16", "--eval_every", "2", "--out", str(out)]
+           os.path.join(ROOT, "train.py"), "--method", "coreward1", *SHORT, "--out", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-4000:]
