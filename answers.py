@@ -30,7 +30,7 @@ different things stay different.
    (`(a+5)(b+2)` == `ab+2a+5b+10`; Schwartz-Zippel identity testing).
 
 Why our own grader and not math-verify (HF's verifier)?  On perturbed gold
-answers of the shipped eval sets (bench_answers.py) both are near perfect
+answers of the shipped eval sets (bench/grader.py) both are near perfect
 (ours 100% / 100%, math-verify 99.9% / 100% right on equal / different
 pairs), and math-verify reads more of LaTeX.  But its timeouts use
 `signal.alarm`, which only works in the main thread (in a worker it raises,

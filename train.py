@@ -147,7 +147,10 @@ def claim_out(out, overwrite, rank):
     if found and rank == 0:
         for name in found:
             path = os.path.join(out, name)
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
 
 
 class MetricsLog:

@@ -3,7 +3,7 @@ bounds on sympy's work, threads.
 
 Each table row is one case; the equivalence tables are checked both ways round
 (a, b) and (b, a), since is_equiv must be symmetric.  Speed is measured in
-bench_answers.py, not here: these tests check the mechanisms that bound the
+bench/grader.py, not here: these tests check the mechanisms that bound the
 work (refusals before sympy evaluates anything), not wall-clock time."""
 
 import contextlib

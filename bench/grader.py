@@ -8,23 +8,32 @@ other bracket, ...).  Each grader judges every pair; the table shows how often
 it was right on each kind, and how many pairs it judges per second.
 
 Graders: `answers.is_equiv` (ours), math-verify (`pip install math-verify`),
-and the official Co-rewarding match, raw-string `==`.  A last line times
-`majority_vote` over 128 prompts x 8 answers, as one training step would.
+and the official Co-rewarding match, raw-string `==`.  Then it times
+`majority_vote` over 128 prompts x 8 answers, as one training step would, and
+the worst cases: adversarial answers (towers of powers, deep nesting, huge
+lists; tests/test_answers.py checks that each is refused before evaluation,
+this shows what that costs) and the extraction from a long response.
 
-    .venv/bin/python bench_answers.py
+    .venv/bin/python bench/grader.py
 """
 
 import json
 import random
 import re
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 
-import answers
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import answers  # noqa: E402
 
-EVAL_DIR = Path(__file__).parent / "data" / "eval"
+EVAL_DIR = ROOT / "data" / "eval"
+WORST_CASES = ["9^9^9^9", "2^{2^{2^{2^{2^{2}}}}}", "10^{10^{10}}", "((((2^{1000})^{1000})^{1000})^{1000})",
+               "(x+y+z+w)^{1000}", "\\sin(10^{4000})", "{" * 500 + "1" + "}" * 500, "x" * 10_000, "1," * 5_000,
+               ",".join(f"x+{k}" for k in range(60)), "\\sqrt{" + "9" * 280 + "}"]
 
 
 def load_gold_answers():
@@ -182,6 +191,20 @@ def main():
     seconds = time.perf_counter() - start
     print(f"\nmajority_vote, 128 prompts x 8 answers, cold caches: {seconds * 1000:.0f} ms "
           f"({1024 / seconds:,.0f} answers/s)")
+
+    print("\nworst cases, cold caches (is_equiv to 1 and to itself + 1, a vote, an extraction):")
+    for answer in WORST_CASES:
+        clear_caches()
+        start = time.perf_counter()
+        answers.is_equiv(answer, "1"), answers.is_equiv(answer, answer + "+1")
+        answers.majority_vote([answer, "2", answer + "1"])
+        answers.extract_answer("\\boxed{" + answer + "}")
+        shown = answer if len(answer) <= 40 else answer[:37] + "..."
+        print(f"  {shown:<42} {(time.perf_counter() - start) * 1000:8.1f} ms")
+    response = "Let me think. " * 700 + "\\boxed{" * 300 + "\\boxed{42}"
+    start = time.perf_counter()
+    answers.extract_answer(response)
+    print(f"  extraction from a {len(response):,}-character response: {(time.perf_counter() - start) * 1000:.1f} ms")
 
 
 if __name__ == "__main__":
