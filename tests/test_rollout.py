@@ -74,3 +74,17 @@ def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, ba
     other = texts(engine.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=6))
     assert other != whole
     engine.close()
+
+
+def test_seeded_prompts_longer_than_one_scheduler_step(tiny_model_dir):
+    """16 prompts of 200 tokens overflow vLLM's per-step token budget (2048), so a prompt may be
+    split over scheduler steps; seeded sampling must still work (on a CPU, vLLM cannot rewind a
+    request's generator after a split prompt, so the engine does not split them) and give each
+    prompt the responses it gets alone."""
+    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=220, max_response_len=8, seed=0)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 200, (200,), generator=g).tolist() for _ in range(16)]
+    texts = lambda groups: [[s.text for s in grp] for grp in groups]
+    whole = texts(engine.generate(prompts, n=2, temperature=1.0, max_tokens=8, seed=3))
+    assert texts(engine.generate(prompts[7:8], n=2, temperature=1.0, max_tokens=8, seed=3)) == whole[7:8]
+    engine.close()
