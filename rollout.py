@@ -57,15 +57,16 @@ class VLLMEngine:
     def __init__(self, model_dir, max_prompt_len, max_response_len, seed=0, dtype="float32",
                  gpu_memory_utilization=0.3, cpu_kv_cache_gib=1.0):
         from vllm import LLM
+        from vllm.config import SchedulerConfig
         self.max_prompt_len = max_prompt_len
         on_cpu = not torch.cuda.is_available()
         max_model_len = max_prompt_len + max_response_len
         # the KV cache: a fraction of the GPU, or on a CPU a fixed size (VLLM_CPU_KVCACHE_SPACE overrides it).
         # On a CPU, no chunked prefill: after a prompt split over scheduler steps vLLM rewinds the request's
         # random generator, which a CPU generator cannot do, so seeded requests (the evaluation) would fail.
+        budget = max(max_model_len, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)     # tokens a step; a whole prompt fits
         device = dict(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30), enable_chunked_prefill=False,
-                      max_num_batched_tokens=max(max_model_len, 2048)) if on_cpu else \
-            dict(gpu_memory_utilization=gpu_memory_utilization)
+                      max_num_batched_tokens=budget) if on_cpu else dict(gpu_memory_utilization=gpu_memory_utilization)
         self.llm = LLM(model=model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
                        enforce_eager=on_cpu, generation_config="vllm",
                        logprobs_mode="processed_logprobs", **device)

@@ -59,6 +59,10 @@ def test_a_prompt_over_the_limit_is_refused(tiny_model_dir):
         engine.generate([[1] * 5, [1] * 9], n=1, temperature=1.0, max_tokens=4)
 
 
+def _texts(groups):
+    return [[s.text for s in group] for group in groups]
+
+
 @pytest.mark.parametrize("backend", ["vllm", "hf"])
 def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, backend):
     """With a seed, each prompt samples from streams of its own: a share of the prompts, in another
@@ -66,12 +70,11 @@ def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, ba
     engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=12, seed=0)
     tok = engine.tokenizer
     prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:6]]
-    texts = lambda groups: [[s.text for s in g] for g in groups]
-    whole = texts(engine.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=5))
-    share = texts(engine.generate(prompts[4:1:-1], n=3, temperature=1.0, max_tokens=12, seed=5))
+    whole = _texts(engine.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=5))
+    share = _texts(engine.generate(prompts[4:1:-1], n=3, temperature=1.0, max_tokens=12, seed=5))
     assert share == whole[4:1:-1]
     assert len({t for g in whole for t in g}) > 6                     # the responses of a group differ
-    other = texts(engine.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=6))
+    other = _texts(engine.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=6))
     assert other != whole
     engine.close()
 
@@ -84,7 +87,6 @@ def test_seeded_prompts_longer_than_one_scheduler_step(tiny_model_dir):
     engine = make_engine("vllm", tiny_model_dir, max_prompt_len=220, max_response_len=8, seed=0)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 200, (200,), generator=g).tolist() for _ in range(16)]
-    texts = lambda groups: [[s.text for s in grp] for grp in groups]
-    whole = texts(engine.generate(prompts, n=2, temperature=1.0, max_tokens=8, seed=3))
-    assert texts(engine.generate(prompts[7:8], n=2, temperature=1.0, max_tokens=8, seed=3)) == whole[7:8]
+    whole = _texts(engine.generate(prompts, n=2, temperature=1.0, max_tokens=8, seed=3))
+    assert _texts(engine.generate(prompts[7:8], n=2, temperature=1.0, max_tokens=8, seed=3)) == whole[7:8]
     engine.close()
