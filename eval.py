@@ -9,16 +9,20 @@
 questions can add them up; `accuracies` turns the sums into fractions (avg@k is "mean").
 
     python eval.py --model runs/coreward1/final          # the classroom test split
+    python eval.py --model runs/coreward1/checkpoints/step_40      # a training checkpoint
     python eval.py --model models/smollm2-135m --benchmarks math500,gsm8k,amc,amc23,aime24,aime25 \\
         --k 8 --temperature 0.8 --max_tokens 3072 --out runs/eval/smollm2
 
 Benchmarks: `classroom` (the default) and the shipped sets of data.py (math500, gsm8k, amc,
 amc23, aime24, aime25, math5000). The paper samples at temperature 0.8; the classroom default
 stays at 1.0, its training temperature. Writes results.md (the table) and results.json to --out.
+A training checkpoint is first written out as a model folder, in a temporary directory
+(checkpoint.to_hf), which is removed afterwards.
 """
 import argparse
 import json
 import os
+import tempfile
 import time
 
 from rewards import extract_answer, is_equiv, majority_vote
@@ -26,11 +30,17 @@ from rewards import extract_answer, is_equiv, majority_vote
 CLASSROOM_MAX_TOKENS = 48     # the classroom preset's response limit, so that eval.py reproduces training's evaluation
 
 
-def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM_MAX_TOKENS, seed=0):
-    """Sums over this share of the questions: {"n", "greedy", "mean", "maj"}. Each question's
-    samples are seeded by `seed` and the question, so a share gives what the whole would."""
+def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM_MAX_TOKENS, seed=0, indices=None):
+    """Sums over this share of the questions: {"n", "greedy", "mean", "maj"}. `indices` are the
+    questions' places in the benchmark (default 0, 1, ...): question i samples with the seed
+    rollout.request_seed(seed, "eval", 0, i), so a share gives what the whole would. The step is
+    left out of the seed: every evaluation of a run samples each question from the same streams,
+    so that evaluations differ by the model alone, and eval.py reproduces any of them."""
+    from rollout import request_seed
+    indices = range(len(prompt_ids)) if indices is None else indices
+    seeds = [request_seed(seed, "eval", 0, i) for i in indices]
     greedy = engine.generate(prompt_ids, n=1, temperature=0.0, max_tokens=max_tokens)
-    sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens, seed=seed)
+    sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens, seeds=seeds)
     sums = {"n": len(gold), "greedy": 0.0, "mean": 0.0, "maj": 0.0}
     for g, group, answer in zip(greedy, sampled, gold):
         answers = [extract_answer(s.text) for s in group]
@@ -72,7 +82,8 @@ def markdown_table(results, k):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="a saved model folder (default: the classroom base model)")
+    ap.add_argument("--model", default=None,
+                    help="a model folder, or a training checkpoint (OUT/checkpoints/step_S) (default: the classroom base model)")
     ap.add_argument("--benchmarks", default="classroom", help="comma-separated benchmark names")
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=None, help="default: 1.0 on the classroom, else 0.8")
@@ -93,23 +104,17 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    import checkpoint
     import world
-    from transformers import AutoTokenizer
-    from rollout import make_engine
     model = args.model or world.base_model_dir()
-    out = args.out or os.path.join("runs", "eval", os.path.basename(os.path.normpath(model)))
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    sets = {name: benchmark_prompts(tokenizer, name, args.limit) for name in args.benchmarks}
-    longest = max(len(p) for prompts, _ in sets.values() for p in prompts)
-    engine = make_engine(args.backend, model, max_prompt_len=longest, max_response_len=args.max_tokens,
-                         seed=args.seed, dtype=args.dtype)
-    results = {}
-    for name, (prompts, gold) in sets.items():
-        t0 = time.perf_counter()
-        sums = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens, args.seed)
-        results[name] = {"n": len(gold), **accuracies(sums), "seconds": round(time.perf_counter() - t0, 1)}
-        print(f"{name}: {results[name]}")
-    engine.close()
+    name = os.path.basename(os.path.normpath(model))
+    if checkpoint.is_checkpoint(model):                    # runs/X/checkpoints/step_S -> runs/eval/X-step_S
+        name = os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(model)))) + "-" + name
+    out = args.out or os.path.join("runs", "eval", name)
+    with tempfile.TemporaryDirectory() as tmp:
+        # a training checkpoint: its policy becomes a model folder first, which the engines load
+        model_dir = checkpoint.to_hf(model, tmp) if checkpoint.is_checkpoint(model) else model
+        results = evaluate_model(model_dir, args)
     table = markdown_table(results, args.k)
     print(f"\n{model}, k={args.k}, temperature {args.temperature}, max_tokens {args.max_tokens}\n\n{table}")
     os.makedirs(out, exist_ok=True)
@@ -118,6 +123,23 @@ def main(argv=None):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump({"model": model, **{k: v for k, v in vars(args).items() if k != "model"}, "results": results}, f, indent=1)
     print(f"wrote {out}/results.md and results.json")
+    return results
+
+
+def evaluate_model(model_dir, args):
+    from transformers import AutoTokenizer
+    from rollout import make_engine
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    sets = {name: benchmark_prompts(tokenizer, name, args.limit) for name in args.benchmarks}
+    longest = max(len(p) for prompts, _ in sets.values() for p in prompts)
+    engine = make_engine(args.backend, model_dir, max_prompt_len=longest, max_response_len=args.max_tokens, dtype=args.dtype)
+    results = {}
+    for name, (prompts, gold) in sets.items():
+        t0 = time.perf_counter()
+        sums = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens, args.seed)
+        results[name] = {"n": len(gold), **accuracies(sums), "seconds": round(time.perf_counter() - t0, 1)}
+        print(f"{name}: {results[name]}")
+    engine.close()
     return results
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 
@@ -69,6 +69,15 @@ def shard(model, param_dtype=None):
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model
+
+
+def reshard(*models):
+    """Put every FSDP unit back into its sharded state: FSDP leaves the root's parameters gathered
+    after a forward, and the EMA and checkpoints work on the shards."""
+    for model in models:
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
 
 
 def full_weights(model):

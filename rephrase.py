@@ -26,6 +26,7 @@ import os
 import re
 
 from rewards import extract_answer, is_equiv, majority_vote
+from rollout import request_seed
 
 START, END = "### Rephrased Question Start ###", "### Rephrased Question End ###"
 INSTRUCTION = f"""Rewrite the math problem below as a new problem.
@@ -54,26 +55,31 @@ def chat_encoder(tokenizer):
     return lambda text: tokenizer(text + "\n", add_special_tokens=False)["input_ids"]
 
 
-def majority_answers(engine, encode, questions, k, temperature, max_tokens):
-    groups = engine.generate([encode(q) for q in questions], n=k, temperature=temperature, max_tokens=max_tokens)
+def majority_answers(engine, encode, questions, indices, view, k, temperature, max_tokens, seed=0):
+    seeds = [request_seed(seed, "answer_check", 0, i, view) for i in indices]
+    groups = engine.generate([encode(q) for q in questions], n=k, temperature=temperature, max_tokens=max_tokens, seeds=seeds)
     return [majority_vote([extract_answer(s.text) for s in group]) for group in groups]
 
 
 def rephrase(engine, chat, encode, questions, temperature=0.7, max_tokens=512, check_answers=0,
-             answer_temperature=1.0, answer_tokens=1024):
+             answer_temperature=1.0, answer_tokens=1024, seed=0):
     """[(index, original, rephrased)] for the questions that survive; prints what was dropped.
 
     chat: instruction text -> prompt ids; encode: question -> training prompt ids."""
     responses = engine.generate([chat(INSTRUCTION.format(question=q)) for q in questions],
-                                n=1, temperature=temperature, max_tokens=max_tokens)
+                                n=1, temperature=temperature, max_tokens=max_tokens,
+                                seeds=[request_seed(seed, "rephrase", 0, i) for i in range(len(questions))])
     parsed = [parse_rephrased(group[0].text) for group in responses]
     kept = [(i, questions[i], r) for i, r in enumerate(parsed) if r is not None]
     failed = [group[0].text for group, r in zip(responses, parsed) if r is None]
     print(f"rephrasing: dropped {len(failed)} of {len(questions)} responses without text between the markers"
           + (f"; the first: {failed[0][:300]!r}" if failed else ""))
     if check_answers and kept:
-        originals = majority_answers(engine, encode, [q for _, q, _ in kept], check_answers, answer_temperature, answer_tokens)
-        rephrased = majority_answers(engine, encode, [r for _, _, r in kept], check_answers, answer_temperature, answer_tokens)
+        indices = [i for i, _, _ in kept]
+        originals = majority_answers(engine, encode, [q for _, q, _ in kept], indices, 0, check_answers,
+                                     answer_temperature, answer_tokens, seed)
+        rephrased = majority_answers(engine, encode, [r for _, _, r in kept], indices, 1, check_answers,
+                                     answer_temperature, answer_tokens, seed)
         agree = [a is not None and b is not None and is_equiv(a, b) for a, b in zip(originals, rephrased)]
         none = sum(a is None or b is None for a, b in zip(originals, rephrased))
         print(f"answer check (k={check_answers}): dropped {len(kept) - sum(agree)} of {len(kept)} pairs "
@@ -137,9 +143,9 @@ def main(argv=None):
     chat, encode = chat_encoder(tokenizer), data.prompt_encoder(tokenizer, classroom=False)
     longest = max(len(chat(INSTRUCTION.format(question=q))) for q in questions)
     engine = make_engine(args.backend, args.model, max_prompt_len=longest + args.max_tokens,
-                         max_response_len=max(args.max_tokens, args.answer_tokens), seed=args.seed, dtype=args.dtype)
+                         max_response_len=max(args.max_tokens, args.answer_tokens), dtype=args.dtype)
     kept = rephrase(engine, chat, encode, questions, args.temperature, args.max_tokens, args.check_answers,
-                    args.answer_temperature, args.answer_tokens)
+                    args.answer_temperature, args.answer_tokens, args.seed)
     engine.close()
     if not kept:
         raise SystemExit(f"no pair survived; nothing written to {args.out}. Does {args.model} follow the instruction?")

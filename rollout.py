@@ -2,13 +2,23 @@
 
 Two engines behind the same two calls:
 
-    engine.generate(prompt_ids, n, temperature, max_tokens, seed=None) -> [[Sample] * n] * len(prompt_ids)
+    engine.generate(prompt_ids, n, temperature, max_tokens, seeds=None) -> [[Sample] * n] * len(prompt_ids)
     engine.load_weights(named_tensors)                       # the trainer's current weights
 
-With `seed`, each prompt's responses come from random streams of their own, seeded by `seed` and
-the prompt's tokens (`request_seed`), so that a prompt gets the same responses whatever else is in
-the batch and on whichever rank it is: the evaluation inside training and eval.py then agree
-exactly. Without it (training rollouts), the engine's own random stream is used.
+SEEDS. Every sampled request carries its own seed, and response i of a request samples from a
+random stream seeded with seed + i (vLLM seeds a request's n children so; the transformers engine
+keeps a generator per row and does the same). Nothing is drawn from an engine's own random state,
+so what a request samples depends on its seed alone: not on what the engine sampled since it
+started, nor on what else is in the batch, nor on the rank that asks. A run resumed from a
+checkpoint, with a fresh engine, therefore samples exactly what the uninterrupted run would have,
+and a question gets the same responses at 1 rank and at 8. `generate` refuses a sampled
+(temperature > 0) request without a seed; greedy requests need none.
+
+`request_seed` derives a request's seed from who asks for what: the run's seed, the role (the
+policy's or the teacher's rollout, an evaluation; rephrase.py's own two), the step, the question's index in its
+dataset and the view (0: the original question, 1: its rephrasing), through a stable hash
+(blake2b; Python's `hash()` is salted per process). The rank is not part of it. Seeds are
+multiples of 2**16, so the n ≤ 2**16 children of two requests never share a stream.
 
 - `VLLMEngine`: vLLM in this process (no engine subprocess), one engine per rank. Its
   log-probs are the sampler's, after temperature (`logprobs_mode="processed_logprobs"`), so
@@ -20,9 +30,8 @@ exactly. Without it (training rollouts), the engine's own random stream is used.
 Both sample with plain temperature: no top-k, no top-p, no generation config from the model
 folder, so that the log-probs are those of the distribution the trainer optimises.
 """
+import hashlib
 import os
-import struct
-import zlib
 from dataclasses import dataclass
 
 import torch
@@ -40,9 +49,28 @@ class Sample:
     finished: bool        # False when it was cut at max_tokens
 
 
-def request_seed(seed, prompt_ids):
-    """The seed of one prompt's responses; response i of n uses request_seed + i (as vLLM does)."""
-    return zlib.crc32(struct.pack(f"<{len(prompt_ids) + 1}q", seed, *prompt_ids)) % 2**31
+ROLES = ("policy", "teacher", "eval", "rephrase", "answer_check")
+SEED_STRIDE = 2**16         # at most this many responses per request: a request's streams are seed .. seed + n - 1
+
+
+def request_seed(run_seed, role, step, index, view=0):
+    """The seed of one request (see SEEDS): a multiple of SEED_STRIDE below 2**62."""
+    if role not in ROLES:
+        raise ValueError(f"unknown request role {role!r}; one of {ROLES}")
+    key = f"{run_seed}/{role}/{step}/{index}/{view}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") % 2**46 * SEED_STRIDE
+
+
+def check_request(prompt_ids, n, temperature, seeds, max_prompt_len):
+    """Refuse a request the engines cannot sample reproducibly, or at all."""
+    if temperature > 0 and seeds is None:
+        raise ValueError("a sampled request (temperature > 0) needs seeds=[one per prompt] (rollout.request_seed): "
+                         "without them its responses would depend on the engine's random state")
+    if seeds is not None and len(seeds) != len(prompt_ids):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts; give one per prompt")
+    if n > SEED_STRIDE:
+        raise ValueError(f"n={n} responses per prompt; at most {SEED_STRIDE} (rollout.SEED_STRIDE)")
+    check_prompt_lengths(prompt_ids, max_prompt_len)
 
 
 def check_prompt_lengths(prompt_ids, max_prompt_len):
@@ -54,8 +82,8 @@ def check_prompt_lengths(prompt_ids, max_prompt_len):
 
 
 class VLLMEngine:
-    def __init__(self, model_dir, max_prompt_len, max_response_len, seed=0, dtype="float32",
-                 gpu_memory_utilization=0.3, cpu_kv_cache_gib=1.0):
+    def __init__(self, model_dir, max_prompt_len, max_response_len, dtype="float32", gpu_memory_utilization=0.3,
+                 cpu_kv_cache_gib=1.0):
         from vllm import LLM
         from vllm.config import SchedulerConfig
         self.max_prompt_len = max_prompt_len
@@ -67,18 +95,20 @@ class VLLMEngine:
         budget = max(max_model_len, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)     # tokens a step; a whole prompt fits
         device = dict(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30), enable_chunked_prefill=False,
                       max_num_batched_tokens=budget) if on_cpu else dict(gpu_memory_utilization=gpu_memory_utilization)
-        self.llm = LLM(model=model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
+        # seed=0: vLLM seeds the global random state with it; every sampled request brings its own seed
+        self.llm = LLM(model=model_dir, dtype=dtype, seed=0, max_model_len=max_model_len,
                        enforce_eager=on_cpu, generation_config="vllm",
                        logprobs_mode="processed_logprobs", **device)
         self.tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompt_ids, n, temperature, max_tokens, seed=None):
+    def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        check_prompt_lengths(prompt_ids, self.max_prompt_len)
+        check_request(prompt_ids, n, temperature, seeds, self.max_prompt_len)
+        seeds = [None] * len(prompt_ids) if seeds is None else seeds
         params = [SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1 if temperature > 0 else 1,
                                  max_tokens=max_tokens, logprobs=0, skip_special_tokens=True,
-                                 seed=None if seed is None else request_seed(seed, p)) for p in prompt_ids]
+                                 seed=seed) for seed in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
         groups = []
         for p, out in zip(prompt_ids, outs):
@@ -100,22 +130,21 @@ class VLLMEngine:
 
 
 class HFEngine:
-    def __init__(self, model_dir, max_prompt_len, max_response_len, seed=0, dtype="float32", device=None):
+    def __init__(self, model_dir, max_prompt_len, max_response_len, dtype="float32", device=None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.max_prompt_len = max_prompt_len
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device).eval()
-        self.generator = torch.Generator(self.device).manual_seed(seed)
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
 
     @torch.no_grad()
-    def generate(self, prompt_ids, n, temperature, max_tokens, seed=None):
-        check_prompt_lengths(prompt_ids, self.max_prompt_len)
-        # one random stream per response row when seeded, else the engine's own
-        streams = None if seed is None else [torch.Generator(self.device).manual_seed(request_seed(seed, p) + i)
-                                             for p in prompt_ids for i in range(n)]
+    def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
+        check_request(prompt_ids, n, temperature, seeds, self.max_prompt_len)
+        # one random stream per response row, as vLLM's children: seed + i
+        streams = None if temperature == 0 else [torch.Generator(self.device).manual_seed(seed + i)
+                                                 for seed in seeds for i in range(n)]
         width = max(map(len, prompt_ids))
         # left-padded prompts, each repeated n times: [P * n, width]
         rows = [[self.pad] * (width - len(p)) + list(p) for p in prompt_ids for _ in range(n)]
@@ -134,8 +163,7 @@ class HFEngine:
             if temperature > 0:
                 logp = torch.log_softmax(logits / temperature, -1)
                 probs = logp.exp()
-                token = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1) if streams is None else \
-                    torch.cat([torch.multinomial(probs[j], 1, generator=g) for j, g in enumerate(streams)])
+                token = torch.cat([torch.multinomial(probs[j], 1, generator=g) for j, g in enumerate(streams)])
             else:
                 logp = torch.log_softmax(logits, -1)
                 token = logits.argmax(-1)
@@ -170,10 +198,10 @@ class HFEngine:
         pass
 
 
-def make_engine(backend, model_dir, max_prompt_len, max_response_len, seed=0, dtype="float32", cpu_kv_cache_gib=1.0):
+def make_engine(backend, model_dir, max_prompt_len, max_response_len, dtype="float32", cpu_kv_cache_gib=1.0):
     """The one switch point between rollout backends."""
     if backend == "vllm":
-        return VLLMEngine(model_dir, max_prompt_len, max_response_len, seed, dtype, cpu_kv_cache_gib=cpu_kv_cache_gib)
+        return VLLMEngine(model_dir, max_prompt_len, max_response_len, dtype, cpu_kv_cache_gib=cpu_kv_cache_gib)
     if backend == "hf":
-        return HFEngine(model_dir, max_prompt_len, max_response_len, seed, dtype)
+        return HFEngine(model_dir, max_prompt_len, max_response_len, dtype)
     raise ValueError(f"unknown rollout backend {backend!r}; choose 'vllm' or 'hf'")

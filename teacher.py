@@ -20,9 +20,8 @@ which would push the default run past 4 GiB).
 import math
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 
-from grpo import full_weights
+from grpo import full_weights, reshard
 
 
 def ema_decay(step, total_steps, start=0.99, end=0.9999):
@@ -33,18 +32,16 @@ def ema_decay(step, total_steps, start=0.99, end=0.9999):
 
 @torch.no_grad()
 def ema_update(teacher, policy, alpha):
-    """teacher <- (1 - alpha) * teacher + alpha * policy, shard by shard (the two are sharded alike).
-    FSDP leaves the root's parameters gathered after a forward; reshard both first."""
-    for m in (*teacher.modules(), *policy.modules()):
-        if isinstance(m, FSDPModule):
-            m.reshard()
+    """teacher <- (1 - alpha) * teacher + alpha * policy, shard by shard (the two are sharded alike)."""
+    reshard(teacher, policy)
     for t, p in zip(teacher.parameters(), policy.parameters(), strict=True):
         t.mul_(1 - alpha).add_(p.detach(), alpha=alpha)
 
 
-def teacher_rollout(engine, teacher, policy, prompt_ids, n, temperature, max_tokens):
-    """The teacher's responses; the engine serves the policy again afterwards."""
+def teacher_rollout(engine, teacher, policy, prompt_ids, seeds, n, temperature, max_tokens):
+    """The teacher's responses (`seeds`: one per prompt, rollout.request_seed with role "teacher");
+    the engine serves the policy again afterwards."""
     engine.load_weights(full_weights(teacher))
-    groups = engine.generate(prompt_ids, n, temperature, max_tokens)
+    groups = engine.generate(prompt_ids, n, temperature, max_tokens, seeds=seeds)
     engine.load_weights(full_weights(policy))
     return groups

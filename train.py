@@ -18,8 +18,16 @@ One step:
 5. move the teacher towards the policy (EMA), and load the updated weights into the engine.
 
 Outputs in --out: metrics.jsonl (a line per step; a line per evaluation), config.json (the
-resolved configuration) and final/ (the trained model, loadable by transformers and vLLM). A run
-refuses an --out that already holds these, unless given --overwrite.
+resolved configuration), checkpoints/step_S/ (every --save_every steps and at the last; see
+checkpoint.py) and final/ (the trained model, loadable by transformers and vLLM). A run refuses
+an --out that already holds these, unless given --overwrite.
+
+`--resume` continues the run in --out from its newest checkpoint (`--resume PATH`: from that one),
+with the checkpoint's configuration; flags given again must agree with it, except those in
+MAY_CHANGE_ON_RESUME. It samples exactly what the uninterrupted run would have: every sampled
+request is seeded by the run's seed, the step, the question and the view (rollout.py), and the
+checkpoint holds every random state the loop draws from. SIGTERM or SIGINT makes all ranks finish
+the step, write a checkpoint and exit.
 
 Settings that cannot work (a group of one response, no steps, mini-batches that do not split a
 rank's sequences, ...) are refused before any compute, and the run stops before the optimizer
@@ -35,12 +43,14 @@ import json
 import math
 import os
 import shutil
+import signal
 import time
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+import checkpoint
 import data
 from eval import accuracies, benchmark_prompts, eval_counts
 from grpo import (NonFiniteError, StepConfig, full_weights, group_advantages, init_distributed, make_batch, score_responses,
@@ -55,13 +65,13 @@ PRESETS = {
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
         max_prompt_len=64, max_response_len=48, mini_batches=1, micro_batch_size=256,
         eval_data="classroom", eval_every=20, eval_k=8, eval_limit=200, eval_temperature=1.0, dtype="float32",
-        cpu_kv_cache_gib=0.25),
+        cpu_kv_cache_gib=0.25, save_every=20),
     "official": dict(
         data="openrs", pairs_per_step=128, group_size=8, epochs=3, lr=3e-6, weight_decay=0.01,
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
         max_prompt_len=512, max_response_len=3072, mini_batches=2, micro_batch_size=2,
         eval_data="math500", eval_every=20, eval_k=8, eval_limit=500, eval_temperature=0.8, dtype="bfloat16",
-        cpu_kv_cache_gib=2.0),
+        cpu_kv_cache_gib=2.0, save_every=30),                      # save_every as the official scripts
 }
 # A method is a set of argument values: these override the preset unless given on the command line.
 METHOD_DEFAULTS = {
@@ -70,17 +80,28 @@ METHOD_DEFAULTS = {
 }
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--method", required=True, choices=METHODS)
-    ap.add_argument("--model", default=None, help="a Hugging Face model folder (default: the classroom base model)")
-    ap.add_argument("--preset", choices=list(PRESETS), default=None, help="default: classroom without --model, else official")
+# The defaults of flags that neither the preset nor the method sets.
+DEFAULTS = dict(seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999, max_sampler_gap=0.1, keep_last=2)
+# What a resumed run may change; every other flag must agree with the checkpoint's configuration.
+MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap")
+# Flags that say how to start this process, not what the run is: not part of its configuration.
+NOT_CONFIG = ("resume", "overwrite")
+
+
+def build_parser(argument_default=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 argument_default=argument_default)
+    ap.add_argument("--method", choices=METHODS, help="required, unless given by --resume's checkpoint")
+    ap.add_argument("--model", help="a Hugging Face model folder (default: the classroom base model)")
+    ap.add_argument("--preset", choices=list(PRESETS), help="default: classroom without --model, else official")
     ap.add_argument("--data", help="'classroom', openrs, math, dapo, amc_ttt, a parquet of pairs, or a hub dataset id")
     ap.add_argument("--eval_data", help="'classroom' or a shipped benchmark (math500, gsm8k, amc, amc23, aime24, aime25)")
-    ap.add_argument("--out", default=None, help="output folder (default: runs/METHOD)")
+    ap.add_argument("--out", help="output folder (default: runs/METHOD)")
     ap.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier run in --out")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm", help="rollout engine")
+    ap.add_argument("--resume", nargs="?", const=LATEST, metavar="CHECKPOINT",
+                    help="continue the run in --out from its latest checkpoint, or from the CHECKPOINT folder named")
+    ap.add_argument("--seed", type=int, help=f"default {DEFAULTS['seed']}")
+    ap.add_argument("--backend", choices=["vllm", "hf"], help="rollout engine (default vllm)")
     ap.add_argument("--steps", type=int, help="training steps (default: the preset's, or its epochs over the data)")
     ap.add_argument("--epochs", type=float)
     ap.add_argument("--pairs_per_step", type=int, help="question pairs per step, over all ranks")
@@ -91,18 +112,81 @@ def parse_args(argv=None):
                        ("eval_every", int), ("eval_k", int), ("eval_limit", int), ("eval_temperature", float),
                        ("dtype", str), ("cpu_kv_cache_gib", float)]:
         ap.add_argument(f"--{name}", type=kind)
-    ap.add_argument("--ema_start", type=float, default=0.99, help="the teacher's EMA decay at the first step")
-    ap.add_argument("--ema_end", type=float, default=0.9999, help="... and at the last (the official code: 0.99999)")
-    ap.add_argument("--max_sampler_gap", type=float, default=0.1,
-                    help="stop when the sampler's and the trainer's log-probs differ by more than this (mean per token)")
+    ap.add_argument("--save_every", type=int, help="write a checkpoint every K steps and at the last (0: never)")
+    ap.add_argument("--keep_last", type=int, help="keep the newest N checkpoints (0: all; default 2)")
+    ap.add_argument("--ema_start", type=float, help="the teacher's EMA decay at the first step (default 0.99)")
+    ap.add_argument("--ema_end", type=float, help="... and at the last (default 0.9999; the official code: 0.99999)")
+    ap.add_argument("--max_sampler_gap", type=float,
+                    help="stop when the sampler's and the trainer's log-probs differ by more than this (mean per "
+                         "token; default 0.1)")
+    return ap
+
+
+LATEST = "latest"
+
+
+def parse_args(argv=None):
+    """The run's settings: the flags given, then the method's and the preset's values, then DEFAULTS."""
+    ap = build_parser()
     args = ap.parse_args(argv)
-    preset = {**PRESETS[args.preset or ("classroom" if args.model is None else "official")],
-              **METHOD_DEFAULTS.get(args.method, {})}
+    if args.method is None and args.resume is None:
+        ap.error("the following arguments are required: --method")
+    args.preset = args.preset or ("classroom" if args.model is None else "official")
+    preset = {**PRESETS[args.preset], **METHOD_DEFAULTS.get(args.method, {}), **DEFAULTS}
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    args.out = args.out or os.path.join("runs", args.method)
+    args.out = args.out or (args.method and os.path.join("runs", args.method))
     return args
+
+
+def given_flags(argv=None):
+    """The names of the flags on the command line."""
+    return set(vars(build_parser(argparse.SUPPRESS).parse_args(argv)))
+
+
+def config_of(args):
+    """The run's configuration: what config.json and a checkpoint record."""
+    return {k: v for k, v in vars(args).items() if k not in NOT_CONFIG}
+
+
+def resume_settings(args, given):
+    """(settings, checkpoint path) of `--resume`: the checkpoint's configuration, with the flags given
+    now checked against it. A flag outside MAY_CHANGE_ON_RESUME that differs stops the run."""
+    def refuse(message):
+        raise ValueError(f"{message}; nothing was run")
+    if args.overwrite:
+        refuse("--resume continues the run in its folder and --overwrite would delete it: give one or the other")
+    if args.resume == LATEST:
+        if args.out is None:
+            refuse("--resume needs --out (the run's folder), or --method for the default runs/METHOD")
+        path = checkpoint.latest(args.out)
+        if path is None:
+            raise FileNotFoundError(f"--resume: {args.out} holds no complete checkpoint (checkpoints/step_S); "
+                                    f"nothing to continue. Start the run without --resume")
+        out = args.out
+    else:
+        path = os.path.normpath(args.resume)
+        if not checkpoint.is_checkpoint(path):
+            raise FileNotFoundError(f"--resume {args.resume}: not a complete checkpoint folder (one holds trainer.pt "
+                                    f"and config.json, as OUT/checkpoints/step_S does)")
+        out = os.path.dirname(os.path.dirname(path))
+        if "out" in given and os.path.abspath(args.out) != os.path.abspath(out):
+            refuse(f"--out {args.out} is not the run that holds {path} ({out}): a resumed run writes into the folder "
+                   f"of its checkpoint; drop --out")
+    settings = checkpoint.read_config(path)
+    for name in sorted(given - {"resume", "out", "overwrite"}):
+        now, then = getattr(args, name), settings.get(name)
+        if now == then:
+            continue
+        if name in MAY_CHANGE_ON_RESUME:
+            print(f"resume: --{name} changes from {then} to {now}")
+            settings[name] = now
+        else:
+            why = " (it sets the LR and EMA schedules)" if name in ("steps", "epochs") else ""
+            refuse(f"--{name} {now} differs from the checkpoint's {then}{why} in {path}: a resumed run keeps its "
+                   f"configuration; drop the flag, or start a new run in another --out")
+    return argparse.Namespace(**{**settings, "out": out, "resume": path, "overwrite": False}), path
 
 
 def check_settings(args, world_size):
@@ -113,6 +197,9 @@ def check_settings(args, world_size):
                  "max_response_len"):
         if getattr(args, name) < 1:
             refuse(f"--{name} {getattr(args, name)} must be at least 1")
+    for name in ("save_every", "keep_last"):
+        if getattr(args, name) < 0:
+            refuse(f"--{name} {getattr(args, name)} must be 0 or more")
     if args.steps is not None and args.steps < 1:
         refuse(f"--steps {args.steps} must be at least 1")
     if args.steps is None and not args.epochs > 0:
@@ -131,7 +218,7 @@ def check_settings(args, world_size):
                f"{args.group_size})")
 
 
-RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final")
+RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints")
 
 
 def claim_out(out, overwrite, rank):
@@ -154,12 +241,38 @@ def claim_out(out, overwrite, rank):
 
 
 class MetricsLog:
-    """Appends JSON lines on rank 0; a stand-in that does nothing on the other ranks."""
-    def __init__(self, path, active):
+    """Appends JSON lines on rank 0; a stand-in that does nothing on the other ranks. A new run
+    starts the file afresh; a resumed one keeps the records up to its checkpoint's step."""
+    def __init__(self, path, active, resume_step=None):
         self.path, self.active = path, active
-        if active:
+        if active and resume_step is None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             open(path, "w").close()
+        elif active:
+            self.truncate(resume_step)
+
+    def truncate(self, step):
+        """Drop the records after `step` (the steps a killed run logged after its checkpoint, and a
+        line it may have left half-written)."""
+        lines = open(self.path).read().splitlines(keepends=True)
+        kept = []
+        for i, line in enumerate(lines):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:                     # the kill cut the last line short
+                    break
+                raise ValueError(f"{self.path} line {i + 1} is not JSON: {line[:80]!r}; repair or remove it") from None
+            if record["step"] > step:
+                break
+            kept.append(line)
+        logged = [json.loads(line)["step"] for line in kept if "reward" in json.loads(line)]
+        if logged != list(range(1, step + 1)):
+            raise ValueError(f"{self.path} does not hold one record for each step up to the checkpoint's {step} "
+                             f"(it has {logged[:3]}...{logged[-3:]}); resume needs the run's own metrics.jsonl")
+        with open(self.path + ".tmp", "w") as f:
+            f.writelines(kept)
+        os.replace(self.path + ".tmp", self.path)
 
     def write(self, record):
         if self.active:
@@ -188,20 +301,60 @@ def cosine_with_warmup(total_steps, warmup_ratio):
     return factor
 
 
-def evaluate(engine, eval_prompts, eval_gold, args, device):
-    sums = eval_counts(engine, eval_prompts, eval_gold, args.eval_k, args.eval_temperature, args.max_response_len, args.seed)
+def evaluate(engine, eval_prompts, eval_gold, eval_indices, args, device):
+    sums = eval_counts(engine, eval_prompts, eval_gold, args.eval_k, args.eval_temperature, args.max_response_len,
+                       args.seed, eval_indices)
     return accuracies(all_sum(sums, device))
+
+
+class StopSignals:
+    """SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C) ask the run to stop: every rank
+    finishes its step, and at the step's end the ranks agree (an all-reduce: one rank's signal
+    stops them all), write a checkpoint and exit cleanly. Repeated signals change nothing."""
+    def __init__(self):
+        self.received = None
+        self.previous = {s: signal.signal(s, self._receive) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _receive(self, signum, frame):
+        if self.received is None:
+            print(f"received {signal.Signals(signum).name}: finishing this step, then writing a checkpoint", flush=True)
+        self.received = signum
+
+    def agreed(self, device):
+        flag = torch.tensor([float(self.received is not None)], device=device)
+        dist.all_reduce(flag)
+        return flag.item() > 0
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def prepare_resume(out, step, steps):
+    """Rank 0, on resume: what the run wrote after the checkpoint belongs to a future that will be
+    rewritten: checkpoints of later steps, and a final/ model from before."""
+    for later, path in checkpoint.complete(out):
+        if later > step:
+            print(f"resume: removing {path}, written after the checkpoint of step {step}")
+            shutil.rmtree(path)
+    final = os.path.join(out, "final")
+    if os.path.exists(final) and step < steps:
+        print(f"resume: removing {final}, the model of the run from step {step} on")
+        shutil.rmtree(final)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    resume = None
+    if args.resume is not None:
+        args, resume = resume_settings(args, given_flags(argv))
     check_settings(args, int(os.environ.get("WORLD_SIZE", 1)))
     rank, world_size, device = init_distributed()
-    claim_out(args.out, args.overwrite, rank)
-    torch.manual_seed(args.seed)
+    if resume is None:
+        claim_out(args.out, args.overwrite, rank)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import world
-    from rollout import make_engine
+    from rollout import make_engine, request_seed
 
     classroom = args.data == "classroom"
     model_dir = args.model or world.base_model_dir()
@@ -212,6 +365,7 @@ def main(argv=None):
     if args.steps is None:
         args.steps = max(1, int(args.epochs * len(pairs) / args.pairs_per_step))
     eval_prompts, eval_gold = benchmark_prompts(tokenizer, args.eval_data, args.eval_limit, args.max_prompt_len)
+    eval_indices = range(rank, len(eval_prompts), world_size)     # each rank evaluates its share
     eval_prompts, eval_gold = eval_prompts[rank::world_size], eval_gold[rank::world_size]
 
     dtype = getattr(torch, args.dtype)
@@ -224,108 +378,144 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(args.steps, args.warmup_ratio))
     engine = make_engine(args.backend, model_dir, args.max_prompt_len, args.max_response_len,
-                         seed=args.seed + rank, dtype=args.dtype, cpu_kv_cache_gib=args.cpu_kv_cache_gib)
+                         dtype=args.dtype, cpu_kv_cache_gib=args.cpu_kv_cache_gib)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() // world_size)))
     step_cfg = StepConfig(args.temperature, args.clip_eps, args.kl_coef, args.mini_batches,
                           args.micro_batch_size, args.max_grad_norm)
+    # The loop's random state: the data shuffle, and the global torch RNG behind the mini-batch order
+    # (seeded after the engine starts, as vLLM seeds the global RNG with its own seed).
+    torch.manual_seed(args.seed)
     shuffle = torch.Generator().manual_seed(args.seed)
-    log = MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0)
+    order, cursor, start = torch.randperm(len(pairs), generator=shuffle).tolist(), 0, 0
+    if resume is not None:
+        state = checkpoint.load(resume, policy, optimizer, teacher)
+        scheduler.load_state_dict(state["scheduler"])
+        shuffle.set_state(state["shuffle"])
+        order, cursor, start = state["order"], state["cursor"], state["step"]
+        engine.load_weights(full_weights(policy))               # the engine samples from the resumed policy
+        if rank == 0:
+            prepare_resume(args.out, start, args.steps)
+            print(f"resumed from {resume} (step {start} of {args.steps})")
+    log = MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0, resume_step=start if resume else None)
     if rank == 0:
-        print(json.dumps(vars(args), indent=1))
+        print(json.dumps(config_of(args), indent=1))
         with open(os.path.join(args.out, "config.json"), "w") as f:
-            json.dump(vars(args), f, indent=1)
+            json.dump(config_of(args), f, indent=1)
 
     def run_eval(step):
-        acc = evaluate(engine, eval_prompts, eval_gold, args, device)
+        acc = evaluate(engine, eval_prompts, eval_gold, eval_indices, args, device)
         record = {"step": step, "eval_acc": acc["mean"], "eval_greedy": acc["greedy"], "eval_maj": acc["maj"]}
         log.write(record)
         if rank == 0:
             tqdm.write(f"eval @ step {step}: mean@{args.eval_k} {acc['mean']:.3f}  greedy {acc['greedy']:.3f}  maj@{args.eval_k} {acc['maj']:.3f}")
         return record
 
-    run_eval(0)
-    order, cursor = torch.randperm(len(pairs), generator=shuffle).tolist(), 0
-    per_rank = args.pairs_per_step // world_size
-    bar = tqdm(range(1, args.steps + 1), disable=rank != 0, desc=args.method)
-    for step in bar:
-        if cursor + args.pairs_per_step > len(order):              # a new epoch
-            order, cursor = torch.randperm(len(pairs), generator=shuffle).tolist(), 0
-        mine = [pairs[i] for i in order[cursor + rank * per_rank: cursor + (rank + 1) * per_rank]]
-        cursor += args.pairs_per_step
-
+    def save(step):
+        trainer_state = {"scheduler": scheduler.state_dict(), "order": order, "cursor": cursor, "shuffle": shuffle.get_state()}
         t0 = time.perf_counter()
-        prompts = [encode(p.original) for p in mine] + [encode(p.rephrased) for p in mine]
-        groups = engine.generate(prompts, args.group_size, args.temperature, args.max_response_len)
+        path = checkpoint.save(args.out, step, policy, optimizer, teacher, trainer_state, config_of(args), tokenizer,
+                               args.keep_last)
+        if rank == 0:
+            tqdm.write(f"saved {path} ({time.perf_counter() - t0:.1f} s)")
 
-        teacher_answers = None
-        if teacher is not None:
-            teacher_groups = teacher_rollout(engine, teacher, policy, prompts, args.group_size, args.temperature, args.max_response_len)
-            teacher_answers = [[extract_answer(s.text) for s in g] for g in teacher_groups]
-        t1 = time.perf_counter()
+    if start == 0:
+        run_eval(0)
+    per_rank = args.pairs_per_step // world_size
+    signals, stopped = StopSignals(), False
+    bar = tqdm(range(start + 1, args.steps + 1), disable=rank != 0, desc=args.method, initial=start, total=args.steps)
+    try:
+        for step in bar:
+            if cursor + args.pairs_per_step > len(order):              # a new epoch
+                order, cursor = torch.randperm(len(pairs), generator=shuffle).tolist(), 0
+            indices = order[cursor + rank * per_rank: cursor + (rank + 1) * per_rank]    # this rank's questions
+            mine = [pairs[i] for i in indices]
+            cursor += args.pairs_per_step
 
-        gold = [p.answer for p in mine] * 2
-        answers = [[extract_answer(s.text) for s in g] for g in groups]
-        batch = make_batch([s for g in groups for s in g], tokenizer.pad_token_id or 0, device)
-        if args.method in ANSWER_FREE_METHODS:
-            labels = None
-            fn = lambda logp_all, mask: certainty_rewards(args.method, logp_all, mask)
-            rewards = score_responses(policy, batch, step_cfg, fn).view(len(groups), args.group_size).cpu()
-        else:
-            labels = labels_for(args.method, answers, gold, teacher_answers)
-            rewards = torch.tensor(rewards_for(answers, labels))                      # [2P, G]
-        batch.advantages = group_advantages(rewards).flatten().to(device)
-        lr = scheduler.get_last_lr()[0]                                    # the rate this step's updates use
-        try:
-            stats = train_step(policy, ref, optimizer, batch, step_cfg, world_size)
-        except NonFiniteError as e:
-            raise NonFiniteError(f"step {step}: {e} The run stopped; metrics.jsonl holds the steps before it.") from None
-        scheduler.step()
-        alpha = 1 - ema_decay(step - 1, args.steps - 1, args.ema_start, args.ema_end)
-        if teacher is not None:
-            ema_update(teacher, policy, alpha)
-        t2 = time.perf_counter()
-        engine.load_weights(full_weights(policy))
-        t3 = time.perf_counter()
+            t0 = time.perf_counter()
+            # originals, then rephrasings; each request seeded by who samples which question at which step
+            prompts = [encode(p.original) for p in mine] + [encode(p.rephrased) for p in mine]
+            seeds = lambda role: [request_seed(args.seed, role, step, i, view) for view in (0, 1) for i in indices]
+            groups = engine.generate(prompts, args.group_size, args.temperature, args.max_response_len, seeds=seeds("policy"))
 
-        sums = all_sum({
-            **{k: v for k, v in stats.items() if k != "grad_norm"},
-            "responses": rewards.numel(), "groups": len(groups),
-            "reward": rewards.sum().item(),
-            "correct": sum(is_equiv(a, g) for group, g in zip(answers, gold) for a in group),
-            "no_answer": sum(a is None for group in answers for a in group),
-            "label_correct": sum(is_equiv(label, g) for label, g in zip(labels or [], gold)),
-        }, device)
-        n, tokens = sums["responses"], sums["tokens"]
-        record = {
-            "step": step, "responses": int(n), "reward": sums["reward"] / n, "rollout_acc": sums["correct"] / n,
-            "label_acc": None if labels is None else sums["label_correct"] / sums["groups"],
-            "no_answer": sums["no_answer"] / n,
-            "kl": sums["kl_sum"] / tokens, "entropy": sums["entropy_sum"] / tokens,
-            "response_len": tokens / n, "clip_frac": sums["clipped_sum"] / tokens,
-            "grad_norm": stats["grad_norm"], "lr": lr,
-            "sampler_gap": sums["sampler_gap_sum"] / tokens,
-            "t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": t3 - t2,
-            **({"ema_alpha": alpha} if teacher is not None else {}),
-        }
-        log.write(record)
-        bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
-                        label_acc="-" if labels is None else f"{record['label_acc']:.2f}")
-        if not record["sampler_gap"] <= args.max_sampler_gap:
-            raise RuntimeError(f"step {step}: the rollout engine's log-probs differ from the trainer's by "
-                               f"{record['sampler_gap']:.3f} per token (> --max_sampler_gap {args.max_sampler_gap}): "
-                               f"the engine is not running the trainer's weights. Check the weight sync "
-                               f"(names and dtypes the engine expects), or raise the limit for low-precision engines.")
-        if step % args.eval_every == 0 or step == args.steps:
-            run_eval(step)
+            teacher_answers = None
+            if teacher is not None:
+                teacher_groups = teacher_rollout(engine, teacher, policy, prompts, seeds("teacher"), args.group_size,
+                                                 args.temperature, args.max_response_len)
+                teacher_answers = [[extract_answer(s.text) for s in g] for g in teacher_groups]
+            t1 = time.perf_counter()
 
-    weights = full_weights(policy)
-    if rank == 0:
-        final = os.path.join(args.out, "final")
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        model.load_state_dict(dict(weights))
-        model.save_pretrained(final)
-        tokenizer.save_pretrained(final)
-        print(f"saved {final}")
+            gold = [p.answer for p in mine] * 2
+            answers = [[extract_answer(s.text) for s in g] for g in groups]
+            batch = make_batch([s for g in groups for s in g], tokenizer.pad_token_id or 0, device)
+            if args.method in ANSWER_FREE_METHODS:
+                labels = None
+                fn = lambda logp_all, mask: certainty_rewards(args.method, logp_all, mask)
+                rewards = score_responses(policy, batch, step_cfg, fn).view(len(groups), args.group_size).cpu()
+            else:
+                labels = labels_for(args.method, answers, gold, teacher_answers)
+                rewards = torch.tensor(rewards_for(answers, labels))                      # [2P, G]
+            batch.advantages = group_advantages(rewards).flatten().to(device)
+            lr = scheduler.get_last_lr()[0]                                    # the rate this step's updates use
+            try:
+                stats = train_step(policy, ref, optimizer, batch, step_cfg, world_size)
+            except NonFiniteError as e:
+                raise NonFiniteError(f"step {step}: {e} The run stopped; metrics.jsonl holds the steps before it.") from None
+            scheduler.step()
+            alpha = 1 - ema_decay(step - 1, args.steps - 1, args.ema_start, args.ema_end)
+            if teacher is not None:
+                ema_update(teacher, policy, alpha)
+            t2 = time.perf_counter()
+            engine.load_weights(full_weights(policy))
+            t3 = time.perf_counter()
+
+            sums = all_sum({
+                **{k: v for k, v in stats.items() if k != "grad_norm"},
+                "responses": rewards.numel(), "groups": len(groups),
+                "reward": rewards.sum().item(),
+                "correct": sum(is_equiv(a, g) for group, g in zip(answers, gold) for a in group),
+                "no_answer": sum(a is None for group in answers for a in group),
+                "label_correct": sum(is_equiv(label, g) for label, g in zip(labels or [], gold)),
+            }, device)
+            n, tokens = sums["responses"], sums["tokens"]
+            record = {
+                "step": step, "responses": int(n), "reward": sums["reward"] / n, "rollout_acc": sums["correct"] / n,
+                "label_acc": None if labels is None else sums["label_correct"] / sums["groups"],
+                "no_answer": sums["no_answer"] / n,
+                "kl": sums["kl_sum"] / tokens, "entropy": sums["entropy_sum"] / tokens,
+                "response_len": tokens / n, "clip_frac": sums["clipped_sum"] / tokens,
+                "grad_norm": stats["grad_norm"], "lr": lr,
+                "sampler_gap": sums["sampler_gap_sum"] / tokens,
+                "t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": t3 - t2,
+                **({"ema_alpha": alpha} if teacher is not None else {}),
+            }
+            log.write(record)
+            bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
+                            label_acc="-" if labels is None else f"{record['label_acc']:.2f}")
+            if not record["sampler_gap"] <= args.max_sampler_gap:
+                raise RuntimeError(f"step {step}: the rollout engine's log-probs differ from the trainer's by "
+                                   f"{record['sampler_gap']:.3f} per token (> --max_sampler_gap {args.max_sampler_gap}): "
+                                   f"the engine is not running the trainer's weights. Check the weight sync "
+                                   f"(names and dtypes the engine expects), or raise the limit for low-precision engines.")
+            if step % args.eval_every == 0 or step == args.steps:
+                run_eval(step)
+            stopped = signals.agreed(device)
+            if stopped or (args.save_every and (step % args.save_every == 0 or step == args.steps)):
+                save(step)
+            if stopped:
+                if rank == 0:
+                    print(f"stopped after step {step} of {args.steps}; continue with: --out {args.out} --resume")
+                break
+        if not stopped:
+            weights = full_weights(policy)
+            if rank == 0:
+                final = os.path.join(args.out, "final")
+                model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+                model.load_state_dict(dict(weights))
+                model.save_pretrained(final)
+                tokenizer.save_pretrained(final)
+                print(f"saved {final}")
+    finally:
+        signals.restore()
     dist.barrier()
     engine.close()
     if dist.is_initialized():

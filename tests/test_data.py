@@ -223,7 +223,8 @@ ANSWERS = {"Q1": "\\boxed{5}", "R1": "\\boxed{5}", "Q3": "\\boxed{2}", "R3": "so
 class TextEngine:
     """Reads each prompt as text (one id per character): a rephrasing request gets the rewrite of
     its question (REWRITES), any other prompt the answer (ANSWERS) of the question it holds."""
-    def generate(self, prompt_ids, n, temperature, max_tokens):
+    def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
+        assert seeds is not None and len(set(seeds)) == len(prompt_ids)      # a stream of its own per request
         groups = []
         for p in prompt_ids:
             text = "".join(map(chr, p))

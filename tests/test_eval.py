@@ -16,7 +16,7 @@ class FakeEngine:
     def __init__(self, greedy, sampled):
         self.greedy, self.sampled, self.calls = greedy, sampled, []
 
-    def generate(self, prompt_ids, n, temperature, max_tokens, seed=None):
+    def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
         self.calls.append((n, temperature, max_tokens))
         source = self.greedy if temperature == 0 else self.sampled
         return [[_sample(t) for t in source[p[0]]][:n] for p in prompt_ids]
@@ -31,7 +31,7 @@ class ConstantEngine(FakeEngine):
         super().__init__(greedy=None, sampled=None)
         self.text = text
 
-    def generate(self, prompt_ids, n, temperature, max_tokens, seed=None):
+    def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
         self.calls.append((n, temperature, max_tokens))
         return [[_sample(self.text)] * n for _ in prompt_ids]
 

@@ -7,7 +7,7 @@ import torch
 
 import world
 from grpo import token_logprobs
-from rollout import make_engine
+from rollout import SEED_STRIDE, make_engine, request_seed
 
 TOL = 1e-4
 
@@ -31,19 +31,20 @@ def _trainer_logprobs(model, sample, temperature):
 
 @pytest.mark.parametrize("backend", ["vllm", "hf"])
 def test_sampler_logprobs_match_trainer_after_sync(tiny_model_dir, backend):
-    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=16, seed=0)
+    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=16)
     tok = engine.tokenizer
     prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:3]]
+    seeds = [request_seed(0, "policy", 1, i) for i in range(len(prompts))]
     model = _perturbed(tiny_model_dir)
     temperature = 0.7
 
-    before = engine.generate(prompts, n=2, temperature=temperature, max_tokens=16)
+    before = engine.generate(prompts, n=2, temperature=temperature, max_tokens=16, seeds=seeds)
     gap_before = max((_trainer_logprobs(model, s, temperature) - torch.tensor(s.logprobs)).abs().max().item()
                      for g in before for s in g)
     assert gap_before > 1e-2        # not synced yet: the engine still runs the saved weights
 
     engine.load_weights(model.state_dict().items())
-    after = engine.generate(prompts, n=2, temperature=temperature, max_tokens=16)
+    after = engine.generate(prompts, n=2, temperature=temperature, max_tokens=16, seeds=seeds)
     for group in after:
         assert len(group) == 2
         for s in group:
@@ -53,10 +54,33 @@ def test_sampler_logprobs_match_trainer_after_sync(tiny_model_dir, backend):
     engine.close()
 
 
-def test_a_prompt_over_the_limit_is_refused(tiny_model_dir):
+def test_requests_the_engines_cannot_serve_are_refused(tiny_model_dir):
     engine = make_engine("hf", tiny_model_dir, max_prompt_len=8, max_response_len=4)
     with pytest.raises(ValueError, match="exceed the prompt limit of 8 tokens"):
-        engine.generate([[1] * 5, [1] * 9], n=1, temperature=1.0, max_tokens=4)
+        engine.generate([[1] * 5, [1] * 9], n=1, temperature=1.0, max_tokens=4, seeds=[0, SEED_STRIDE])
+    with pytest.raises(ValueError, match=r"a sampled request \(temperature > 0\) needs seeds"):
+        engine.generate([[1] * 5], n=2, temperature=1.0, max_tokens=4)
+    with pytest.raises(ValueError, match="1 seeds for 2 prompts"):
+        engine.generate([[1] * 5, [2] * 5], n=2, temperature=1.0, max_tokens=4, seeds=[0])
+    assert len(engine.generate([[1] * 5], n=1, temperature=0.0, max_tokens=4)[0]) == 1     # greedy needs none
+
+
+def test_request_seeds_are_stable_and_their_streams_never_overlap():
+    import subprocess
+    import sys
+    from conftest import ROOT
+    keys = [(run, role, step, index, view) for run in (0, 1) for role in ("policy", "teacher", "eval")
+            for step in range(3) for index in range(40) for view in (0, 1)]
+    seeds = [request_seed(*k) for k in keys]
+    # multiples of the stride, so that the children seed .. seed + n - 1 of two requests never meet
+    assert all(s % SEED_STRIDE == 0 and 0 <= s < 2**62 for s in seeds) and len(set(seeds)) == len(keys)
+    # the same in another process with another hash salt: a resumed run computes the same seeds
+    code = "import rollout; print(rollout.request_seed(7, 'teacher', 12, 345, 1))"
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={"PYTHONHASHSEED": "12345", "PATH": ""})
+    assert res.stdout.strip() == str(request_seed(7, "teacher", 12, 345, 1)), res.stderr
+    with pytest.raises(ValueError, match="unknown request role 'student'"):
+        request_seed(0, "student", 1, 2)
 
 
 def _texts(groups):
@@ -65,18 +89,25 @@ def _texts(groups):
 
 @pytest.mark.parametrize("backend", ["vllm", "hf"])
 def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, backend):
-    """With a seed, each prompt samples from streams of its own: a share of the prompts, in another
-    order, gets what the whole batch got; another seed gets other responses."""
-    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=12, seed=0)
+    """Each request samples from streams of its own seed: a share of the prompts, in another order,
+    gets what the whole batch got, and so does a fresh engine (what an engine sampled before does
+    not matter: a resumed run starts a new one); other seeds get other responses."""
+    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=12)
     tok = engine.tokenizer
     prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:6]]
-    whole = _texts(engine.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=5))
-    share = _texts(engine.generate(prompts[4:1:-1], n=3, temperature=1.0, max_tokens=12, seed=5))
-    assert share == whole[4:1:-1]
+    seeds = [request_seed(5, "policy", 3, i) for i in range(6)]
+    sample = lambda e, idx: _texts(e.generate([prompts[i] for i in idx], n=3, temperature=1.0, max_tokens=12,
+                                              seeds=[seeds[i] for i in idx]))
+    whole = sample(engine, range(6))
+    assert sample(engine, [4, 3, 2]) == whole[4:1:-1]
     assert len({t for g in whole for t in g}) > 6                     # the responses of a group differ
-    other = _texts(engine.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=6))
+    other = _texts(engine.generate(prompts, n=3, temperature=1.0, max_tokens=12,
+                                   seeds=[request_seed(5, "policy", 4, i) for i in range(6)]))
     assert other != whole
     engine.close()
+    if backend == "hf":
+        assert sample(make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=12), [5, 0]) == \
+            [whole[5], whole[0]]
 
 
 def test_seeded_prompts_longer_than_one_scheduler_step(tiny_model_dir):
@@ -84,9 +115,10 @@ def test_seeded_prompts_longer_than_one_scheduler_step(tiny_model_dir):
     split over scheduler steps; seeded sampling must still work (on a CPU, vLLM cannot rewind a
     request's generator after a split prompt, so the engine does not split them) and give each
     prompt the responses it gets alone."""
-    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=220, max_response_len=8, seed=0)
+    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=220, max_response_len=8)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 200, (200,), generator=g).tolist() for _ in range(16)]
-    whole = _texts(engine.generate(prompts, n=2, temperature=1.0, max_tokens=8, seed=3))
-    assert _texts(engine.generate(prompts[7:8], n=2, temperature=1.0, max_tokens=8, seed=3)) == whole[7:8]
+    seeds = [request_seed(3, "eval", 0, i) for i in range(16)]
+    whole = _texts(engine.generate(prompts, n=2, temperature=1.0, max_tokens=8, seeds=seeds))
+    assert _texts(engine.generate(prompts[7:8], n=2, temperature=1.0, max_tokens=8, seeds=seeds[7:8])) == whole[7:8]
     engine.close()

@@ -7,7 +7,7 @@ import torch
 import world
 from grpo import full_weights, shard, token_logprobs
 from rewards import certainty_rewards, labels_for
-from rollout import make_engine
+from rollout import make_engine, request_seed
 from teacher import ema_decay, ema_update, teacher_rollout
 
 
@@ -66,9 +66,10 @@ def test_teacher_rollout_leaves_the_engine_serving_the_policy(dist_world, tiny_m
                 worst = max(worst, (logp[0, len(s.prompt_ids) - 1:] - torch.tensor(s.logprobs)).abs().max().item())
         return worst
 
-    taught = teacher_rollout(engine, teacher, policy, prompts, n=2, temperature=1.0, max_tokens=12)
+    seeds = [request_seed(0, "teacher", 1, i) for i in range(len(prompts))]
+    taught = teacher_rollout(engine, teacher, policy, prompts, seeds, n=2, temperature=1.0, max_tokens=12)
     assert gap(teacher, taught) < 1e-4 < gap(policy, taught)         # the teacher sampled these
-    after = engine.generate(prompts, n=2, temperature=1.0, max_tokens=12)
+    after = engine.generate(prompts, n=2, temperature=1.0, max_tokens=12, seeds=seeds)
     assert gap(policy, after) < 1e-4 < gap(teacher, after)           # and the policy is back
     engine.close()
 

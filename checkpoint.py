@@ -1,0 +1,160 @@
+"""Checkpoints: everything a run needs to continue exactly where it stopped, written so that no
+process ever holds the whole model.
+
+    OUT/checkpoints/step_S/
+        weights/         torch.distributed.checkpoint (DCP): the policy, its AdamW state and, for
+                         coreward2/3, the EMA teacher; each rank writes its own shards
+        trainer.pt       the step, the LR scheduler, the data order and cursor, the data-shuffle generator
+        rng_rank{R}.pt   rank R's global torch RNG (it draws the mini-batch order), and CUDA's on a GPU
+        config.json      the run's resolved configuration (train.py --resume reads it)
+        hf/              the model's Hugging Face config and tokenizer, to rebuild the policy (`to_hf`)
+
+Not saved, because nothing depends on it: the frozen start model (the other methods' KL anchor) is
+the --model folder itself, and the rollout engine's random state is never used, as every sampled
+request brings its own seed (rollout.py). The resumed run loads the saved policy into its engine
+before the first rollout.
+
+Atomic: a checkpoint is written as step_S.partial/ and renamed to step_S/ by rank 0 once every rank
+has written its part. A run killed during a save leaves the .partial folder, which `latest` never
+picks; the next save removes it. On several nodes, OUT must be a filesystem that every node sees:
+the ranks write into one folder and rank 0 renames it.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict
+
+from grpo import reshard
+
+# Test hook: set to a step number, the save of that step is killed (SIGKILL) after the weights are written.
+KILL_DURING_SAVE = "NANOCOREWARD_KILL_DURING_SAVE"
+
+
+def step_dir(out, step):
+    return os.path.join(out, "checkpoints", f"step_{step}")
+
+
+def complete(out):
+    """[(step, path)] of the complete checkpoints in `out`, oldest first."""
+    root = os.path.join(out, "checkpoints")
+    found = [(int(m.group(1)), os.path.join(root, name)) for name in (os.listdir(root) if os.path.isdir(root) else [])
+             if (m := re.fullmatch(r"step_(\d+)", name))]
+    return sorted(found)
+
+
+def latest(out):
+    """The newest complete checkpoint in `out`, or None."""
+    found = complete(out)
+    return found[-1][1] if found else None
+
+
+def is_checkpoint(path):
+    return os.path.isfile(os.path.join(path, "trainer.pt")) and os.path.isfile(os.path.join(path, "config.json"))
+
+
+def read_config(path):
+    with open(os.path.join(path, "config.json")) as f:
+        return json.load(f)
+
+
+def _weights(policy, optimizer, teacher):
+    """The sharded state dicts DCP saves and loads into (each rank's own shards)."""
+    model, optim = get_state_dict(policy, optimizer)
+    state = {"policy": model, "optimizer": optim}
+    if teacher is not None:
+        state["teacher"] = get_model_state_dict(teacher)
+    return state
+
+
+def _rng_state():
+    return {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
+
+
+def save(out, step, policy, optimizer, teacher, trainer_state, config, tokenizer, keep_last):
+    """Write OUT/checkpoints/step_S (collective: every rank calls it), then keep the newest
+    `keep_last` checkpoints (0: all). Returns the checkpoint's path."""
+    rank = dist.get_rank()
+    final = step_dir(out, step)
+    partial = final + ".partial"
+    if rank == 0:
+        if os.path.exists(partial):                         # a save of this step that was killed
+            shutil.rmtree(partial)
+        os.makedirs(partial)
+    dist.barrier()
+    models = [policy] if teacher is None else [policy, teacher]
+    reshard(*models)
+    dcp.save(_weights(policy, optimizer, teacher), checkpoint_id=os.path.join(partial, "weights"))
+    torch.save(_rng_state(), os.path.join(partial, f"rng_rank{rank}.pt"))
+    if rank == 0:
+        torch.save({**trainer_state, "step": step, "world_size": dist.get_world_size()}, os.path.join(partial, "trainer.pt"))
+        policy.config.save_pretrained(os.path.join(partial, "hf"))
+        tokenizer.save_pretrained(os.path.join(partial, "hf"))
+        with open(os.path.join(partial, "config.json"), "w") as f:
+            json.dump(config, f, indent=1)
+    if os.environ.get(KILL_DURING_SAVE) == str(step):
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()                                          # every rank's part is on disk
+    if rank == 0:
+        if os.path.exists(final):                           # this step saved before, by a run resumed from earlier
+            shutil.rmtree(final)
+        os.rename(partial, final)
+        prune(out, keep_last)
+    dist.barrier()
+    return final
+
+
+def prune(out, keep_last):
+    """Remove all but the newest `keep_last` complete checkpoints (0: keep all), and the .partial
+    folders of killed saves."""
+    found = complete(out)
+    for _, path in found[:-keep_last] if keep_last else []:
+        shutil.rmtree(path)
+    root = os.path.join(out, "checkpoints")
+    for name in os.listdir(root):
+        if name.endswith(".partial"):
+            shutil.rmtree(os.path.join(root, name))
+
+
+def load(path, policy, optimizer, teacher):
+    """Load a checkpoint into the (sharded) policy, optimizer and teacher, and this rank's RNG;
+    returns the trainer state (step, scheduler, data order, cursor, shuffle generator)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    state = _weights(policy, optimizer, teacher)
+    dcp.load(state, checkpoint_id=os.path.join(path, "weights"))
+    set_state_dict(policy, optimizer, model_state_dict=state["policy"], optim_state_dict=state["optimizer"])
+    if teacher is not None:
+        set_model_state_dict(teacher, state["teacher"])
+    trainer = torch.load(os.path.join(path, "trainer.pt"))
+    rng_file = os.path.join(path, f"rng_rank{rank}.pt")
+    if trainer["world_size"] == world_size:
+        rng = torch.load(rng_file)
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"])
+    elif rank == 0:
+        print(f"resuming a {trainer['world_size']}-rank run on {world_size} ranks: the weights, optimizer state and "
+              f"data order carry over, but the ranks' mini-batch orders start afresh, so the run will not equal "
+              f"an uninterrupted one bit for bit")
+    return trainer
+
+
+def to_hf(path, dst):
+    """Write the checkpoint's policy as a Hugging Face model folder (transformers and vLLM load it)
+    in one process, without a process group."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    if not is_checkpoint(path):
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no trainer.pt and config.json)")
+    hf = os.path.join(path, "hf")
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf), dtype=torch.float32)
+    state = {"policy": model.state_dict()}
+    dcp.load(state, checkpoint_id=os.path.join(path, "weights"), no_dist=True)
+    model.load_state_dict(state["policy"])
+    model.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(hf).save_pretrained(dst)
+    return dst
