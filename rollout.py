@@ -18,7 +18,9 @@ and a question gets the same responses at 1 rank and at 8. `generate` refuses a 
 policy's or the teacher's rollout, an evaluation; rephrase.py's own two), the step, the question's index in its
 dataset and the view (0: the original question, 1: its rephrasing), through a stable hash
 (blake2b; Python's `hash()` is salted per process). The rank is not part of it. Seeds are
-multiples of 2**16, so the n ≤ 2**16 children of two requests never share a stream.
+multiples of 2**16, so the n ≤ 2**16 children of two requests never share a stream. Evaluations
+pass step 0 whatever the step (eval.eval_counts): each evaluation samples a question from the
+same streams, so that evaluations differ by the model alone, and eval.py reproduces any of them.
 
 - `VLLMEngine`: vLLM in this process (no engine subprocess), one engine per rank. Its
   log-probs are the sampler's, after temperature (`logprobs_mode="processed_logprobs"`), so

@@ -229,8 +229,8 @@ def claim_out(out, overwrite, rank):
     dist.broadcast_object_list(box, src=0)
     found = box[0]
     if found and not overwrite:
-        raise FileExistsError(f"--out {out} already holds a run ({', '.join(found)}); pass --overwrite to replace it, "
-                              f"or choose another --out")
+        raise FileExistsError(f"--out {out} already holds a run ({', '.join(found)}); pass --resume to continue it, "
+                              f"--overwrite to replace it, or choose another --out")
     if found and rank == 0:
         for name in found:
             path = os.path.join(out, name)
@@ -498,7 +498,7 @@ def main(argv=None):
                                    f"(names and dtypes the engine expects), or raise the limit for low-precision engines.")
             if step % args.eval_every == 0 or step == args.steps:
                 run_eval(step)
-            stopped = signals.agreed(device)
+            stopped = signals.agreed(device) and step < args.steps          # at the last step, simply finish
             if stopped or (args.save_every and (step % args.save_every == 0 or step == args.steps)):
                 save(step)
             if stopped:

@@ -247,7 +247,7 @@ def test_a_non_finite_loss_stops_the_run_before_the_weights_move(tmp_path, monke
 def test_an_existing_run_is_not_overwritten(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     (tmp_path / "final").mkdir()
-    with pytest.raises(FileExistsError, match=r"already holds a run \(metrics.jsonl, final\); pass --overwrite"):
+    with pytest.raises(FileExistsError, match=r"already holds a run \(metrics.jsonl, final\); pass --resume to continue it, --overwrite"):
         train.main(["--method", "gt", "--out", str(tmp_path)])
     assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"
 
