@@ -55,7 +55,9 @@ def latest(out):
 
 
 def is_checkpoint(path):
-    return os.path.isfile(os.path.join(path, "trainer.pt")) and os.path.isfile(os.path.join(path, "config.json"))
+    """A complete checkpoint: a step_S folder (never a .partial one) with its trainer state and configuration."""
+    return re.fullmatch(r"step_\d+", os.path.basename(os.path.normpath(path))) is not None and \
+        os.path.isfile(os.path.join(path, "trainer.pt")) and os.path.isfile(os.path.join(path, "config.json"))
 
 
 def read_config(path):
@@ -149,7 +151,7 @@ def to_hf(path, dst):
     in one process, without a process group."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     if not is_checkpoint(path):
-        raise FileNotFoundError(f"{path} is not a complete checkpoint (no trainer.pt and config.json)")
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (a step_S folder with trainer.pt and config.json)")
     hf = os.path.join(path, "hf")
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf), dtype=torch.float32)
     state = {"policy": model.state_dict()}

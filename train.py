@@ -86,6 +86,7 @@ DEFAULTS = dict(seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999, max_samp
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap")
 # Flags that say how to start this process, not what the run is: not part of its configuration.
 NOT_CONFIG = ("resume", "overwrite")
+LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
 
 
 def build_parser(argument_default=None):
@@ -120,9 +121,6 @@ def build_parser(argument_default=None):
                     help="stop when the sampler's and the trainer's log-probs differ by more than this (mean per "
                          "token; default 0.1)")
     return ap
-
-
-LATEST = "latest"
 
 
 def parse_args(argv=None):

@@ -296,7 +296,10 @@ def test_what_resume_cannot_start_from(saved_run, tmp_path_factory):
     with pytest.raises(ValueError, match="--resume needs --out"):
         _resume(["--resume"])
     empty = tmp_path_factory.mktemp("empty")
-    (empty / "checkpoints" / "step_3.partial").mkdir(parents=True)          # a killed save is not a checkpoint
+    torn = empty / "checkpoints" / "step_3.partial"                         # a killed save is not a checkpoint,
+    torn.mkdir(parents=True)                                                # even with its trainer state written
+    (torn / "config.json").write_text("{}")
+    torch.save({}, torn / "trainer.pt")
     with pytest.raises(FileNotFoundError, match="holds no complete checkpoint"):
         _resume(["--resume", "--out", str(empty)])
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint folder"):
