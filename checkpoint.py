@@ -140,7 +140,7 @@ def load(path, policy, optimizer, teacher):
         if "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"])
     elif rank == 0:
-        print(f"resuming a {trainer['world_size']}-rank run on {world_size} ranks: the weights, optimizer state and "
+        print(f"resuming a {trainer['world_size']}-rank run on {world_size} rank(s): the weights, optimizer state and "
               f"data order carry over, but the ranks' mini-batch orders start afresh, so the run will not equal "
               f"an uninterrupted one bit for bit")
     return trainer
