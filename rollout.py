@@ -200,10 +200,11 @@ class HFEngine:
         pass
 
 
-def make_engine(backend, model_dir, max_prompt_len, max_response_len, dtype="float32", cpu_kv_cache_gib=1.0):
+def make_engine(backend, model_dir, max_prompt_len, max_response_len, dtype="float32", cpu_kv_cache_gib=1.0,
+                gpu_memory_utilization=0.3):
     """The one switch point between rollout backends."""
     if backend == "vllm":
-        return VLLMEngine(model_dir, max_prompt_len, max_response_len, dtype, cpu_kv_cache_gib=cpu_kv_cache_gib)
+        return VLLMEngine(model_dir, max_prompt_len, max_response_len, dtype, gpu_memory_utilization, cpu_kv_cache_gib)
     if backend == "hf":
         return HFEngine(model_dir, max_prompt_len, max_response_len, dtype)
     raise ValueError(f"unknown rollout backend {backend!r}; choose 'vllm' or 'hf'")

@@ -81,7 +81,8 @@ METHOD_DEFAULTS = {
 
 
 # The defaults of flags that neither the preset nor the method sets.
-DEFAULTS = dict(seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999, max_sampler_gap=0.1, keep_last=2)
+DEFAULTS = dict(seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999, max_sampler_gap=0.1, keep_last=2,
+                gpu_memory_utilization=0.3)
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap")
 # Flags that say how to start this process, not what the run is: not part of its configuration.
@@ -113,6 +114,8 @@ def build_parser(argument_default=None):
                        ("eval_every", int), ("eval_k", int), ("eval_limit", int), ("eval_temperature", float),
                        ("dtype", str), ("cpu_kv_cache_gib", float)]:
         ap.add_argument(f"--{name}", type=kind)
+    ap.add_argument("--gpu_memory_utilization", type=float,
+                    help="the share of each GPU vLLM's engine takes for its weights and KV cache (default 0.3)")
     ap.add_argument("--save_every", type=int, help="write a checkpoint every K steps and at the last (0: never)")
     ap.add_argument("--keep_last", type=int, help="keep the newest N checkpoints (0: all; default 2)")
     ap.add_argument("--ema_start", type=float, help="the teacher's EMA decay at the first step (default 0.99)")
@@ -191,6 +194,9 @@ def check_settings(args, world_size):
     """Refuse, before any compute, settings that cannot work."""
     def refuse(message):
         raise ValueError(f"{message}; nothing was run")
+    if not 0 < args.gpu_memory_utilization < 1:
+        refuse(f"--gpu_memory_utilization {args.gpu_memory_utilization} must be between 0 and 1: the share of each "
+               f"GPU vLLM takes; the trainer needs the rest")
     for name in ("pairs_per_step", "mini_batches", "micro_batch_size", "eval_every", "eval_k", "max_prompt_len",
                  "max_response_len"):
         if getattr(args, name) < 1:
@@ -376,8 +382,11 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(args.steps, args.warmup_ratio))
     engine = make_engine(args.backend, model_dir, args.max_prompt_len, args.max_response_len,
-                         dtype=args.dtype, cpu_kv_cache_gib=args.cpu_kv_cache_gib)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() // world_size)))
+                         dtype=args.dtype, cpu_kv_cache_gib=args.cpu_kv_cache_gib,
+                         gpu_memory_utilization=args.gpu_memory_utilization)
+    # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the whole world
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, os.cpu_count() // local_ranks))))
     step_cfg = StepConfig(args.temperature, args.clip_eps, args.kl_coef, args.mini_batches,
                           args.micro_batch_size, args.max_grad_norm)
     # The loop's random state: the data shuffle, and the global torch RNG behind the mini-batch order

@@ -38,9 +38,11 @@ def _free_port():
 
 
 def start(out, ranks, *flags, env=None):
-    """A train.py run in a new session; its output goes to OUT.log."""
+    """A train.py run in a new session; its output goes to OUT.log. Several ranks meet through a
+    c10d rendezvous endpoint, as the nodes of a multi-node run do (README)."""
     launcher = [sys.executable] if ranks == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={_free_port()}"]
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={ranks}",
+         "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{_free_port()}"]
     os.makedirs(out, exist_ok=True)
     log = open(f"{out}.log", "a")
     return subprocess.Popen([*launcher, os.path.join(ROOT, "train.py"), "--out", str(out), *flags], cwd=ROOT,
