@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed._composable import checkpoint
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -61,11 +62,16 @@ def init_distributed():
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def shard(model, param_dtype=None):
+def shard(model, param_dtype=None, activation_checkpointing=False):
     """FSDP2: each decoder layer is its own unit, then the root (embeddings, norm, head).
-    `param_dtype` (e.g. torch.bfloat16) turns on mixed precision with fp32 gradient reduction."""
+    `param_dtype` (e.g. torch.bfloat16) turns on mixed precision with fp32 gradient reduction.
+    `activation_checkpointing` keeps only each decoder layer's input for the backward and
+    recomputes the layer's insides there: activation memory falls from every intermediate of
+    every layer to one hidden state per layer, for about one more forward pass of compute."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in model.model.layers:
+        if activation_checkpointing:
+            checkpoint(layer)                   # composable: the layer keeps its parameter names
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model

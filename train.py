@@ -65,13 +65,14 @@ PRESETS = {
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
         max_prompt_len=64, max_response_len=48, mini_batches=1, micro_batch_size=256,
         eval_data="classroom", eval_every=20, eval_k=8, eval_limit=200, eval_temperature=1.0, dtype="float32",
-        cpu_kv_cache_gib=0.25, save_every=20),
+        cpu_kv_cache_gib=0.25, save_every=20, activation_checkpointing=False),
     "official": dict(
         data="openrs", pairs_per_step=128, group_size=8, epochs=3, lr=3e-6, weight_decay=0.01,
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
         max_prompt_len=512, max_response_len=3072, mini_batches=2, micro_batch_size=2,
         eval_data="math500", eval_every=20, eval_k=8, eval_limit=500, eval_temperature=0.8, dtype="bfloat16",
-        cpu_kv_cache_gib=2.0, save_every=30),                      # save_every as the official scripts
+        cpu_kv_cache_gib=2.0, save_every=30,                       # save_every as the official scripts
+        activation_checkpointing=True),
 }
 # A method is a set of argument values: these override the preset unless given on the command line.
 METHOD_DEFAULTS = {
@@ -116,6 +117,9 @@ def build_parser(argument_default=None):
         ap.add_argument(f"--{name}", type=kind)
     ap.add_argument("--gpu_memory_utilization", type=float,
                     help="the share of each GPU vLLM's engine takes for its weights and KV cache (default 0.3)")
+    ap.add_argument("--activation_checkpointing", action=argparse.BooleanOptionalAction,
+                    help="recompute each decoder layer in the backward instead of keeping its activations "
+                         "(on in the official preset)")
     ap.add_argument("--save_every", type=int, help="write a checkpoint every K steps and at the last (0: never)")
     ap.add_argument("--keep_last", type=int, help="keep the newest N checkpoints (0: all; default 2)")
     ap.add_argument("--ema_start", type=float, help="the teacher's EMA decay at the first step (default 0.99)")
@@ -374,7 +378,7 @@ def main(argv=None):
 
     dtype = getattr(torch, args.dtype)
     policy = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device),
-                   param_dtype=None if dtype == torch.float32 else dtype)
+                   param_dtype=None if dtype == torch.float32 else dtype, activation_checkpointing=args.activation_checkpointing)
     # The KL anchor: the frozen start model, or for the teacher methods the EMA teacher (which also samples).
     ref = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).requires_grad_(False),
                 param_dtype=None if dtype == torch.float32 else dtype)

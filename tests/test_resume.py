@@ -9,6 +9,7 @@ step 3, so that resuming from step 2 must also drop step 3's record from metrics
 sample step 3 again exactly as before. On this CPU the resumed records and weights are bitwise
 equal to the uninterrupted run's; the tests allow 1e-6.
 """
+import argparse
 import json
 import os
 import signal
@@ -255,12 +256,18 @@ FIXED = [a for a in train.build_parser()._actions
 @pytest.mark.parametrize("action", FIXED, ids=[a.dest for a in FIXED])
 def test_a_flag_that_differs_from_the_checkpoint_is_refused(saved_run, action):
     out, config = saved_run
-    flag = f"--{action.dest}"
-    other = _other_value(action, config[action.dest])
-    with pytest.raises(ValueError, match=f"^{flag} {other}.* differs from the checkpoint's"):
-        _resume(["--resume", "--out", str(out), flag, other])
-    if config[action.dest] is not None:
-        _resume(["--resume", "--out", str(out), flag, str(config[action.dest])])    # the same value is fine
+    flag, value = f"--{action.dest}", config[action.dest]
+    if isinstance(action, argparse.BooleanOptionalAction):         # --x / --no-x
+        other, same = ([f"--no-{action.dest}"], [flag]) if value else ([flag], [f"--no-{action.dest}"])
+        message = f"^{flag} {not value} differs from the checkpoint's {value}"
+    else:
+        other_value = _other_value(action, value)
+        other, same = [flag, other_value], None if value is None else [flag, str(value)]
+        message = f"^{flag} {other_value}.* differs from the checkpoint's"
+    with pytest.raises(ValueError, match=message):
+        _resume(["--resume", "--out", str(out), *other])
+    if same is not None:
+        _resume(["--resume", "--out", str(out), *same])                # the same value is fine
 
 
 def test_steps_names_the_schedules_it_sets(saved_run):
