@@ -11,8 +11,9 @@ so that it is a slowly-moving, stabler version of the student. (The official cod
 0.99999; `--ema_end` sets it.)
 
 The teacher samples G responses per question through the policy's own rollout engine: its
-weights are loaded into the engine, it samples, and the policy's weights are loaded back, so the
-engine is always left serving the policy. One engine, not two: on the classroom model a weight
+weights are loaded into the engine and it samples. The engine is left serving the teacher: the
+training loop loads the updated policy after the step, before anything samples from the policy
+again, so a step makes two weight loads (teacher, updated policy), not three. One engine, not two: on the classroom model a weight
 load takes 0.03 s (t_sync in metrics.jsonl), while a second vLLM engine costs its own model copy,
 KV cache and runtime (a lone classroom engine holds about 2 GB of resident memory on a CPU,
 which would push the default run past 4 GiB).
@@ -38,10 +39,8 @@ def ema_update(teacher, policy, alpha):
         t.mul_(1 - alpha).add_(p.detach(), alpha=alpha)
 
 
-def teacher_rollout(engine, teacher, policy, prompt_ids, seeds, n, temperature, max_tokens):
-    """The teacher's responses (`seeds`: one per prompt, rollout.request_seed with role "teacher");
-    the engine serves the policy again afterwards."""
+def teacher_rollout(engine, teacher, prompt_ids, seeds, n, temperature, max_tokens):
+    """The teacher's responses (`seeds`: one per prompt, rollout.request_seed with role "teacher").
+    The engine then serves the teacher, until the caller loads the policy."""
     engine.load_weights(full_weights(teacher))
-    groups = engine.generate(prompt_ids, n, temperature, max_tokens, seeds=seeds)
-    engine.load_weights(full_weights(policy))
-    return groups
+    return engine.generate(prompt_ids, n, temperature, max_tokens, seeds=seeds)

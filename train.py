@@ -450,7 +450,8 @@ def main(argv=None):
 
             teacher_answers = None
             if teacher is not None:
-                teacher_groups = teacher_rollout(engine, teacher, policy, prompts, seeds("teacher"), args.group_size,
+                # the engine now serves the teacher, until the updated policy is loaded after the step
+                teacher_groups = teacher_rollout(engine, teacher, prompts, seeds("teacher"), args.group_size,
                                                  args.temperature, args.max_response_len)
                 teacher_answers = [[extract_answer(s.text) for s in g] for g in teacher_groups]
             t1 = time.perf_counter()

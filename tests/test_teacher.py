@@ -48,7 +48,10 @@ def test_cosine_schedule():
     assert values == sorted(values)
 
 
-def test_teacher_rollout_leaves_the_engine_serving_the_policy(dist_world, tiny_model_dir):
+def test_the_teacher_samples_the_teacher_rollout(dist_world, tiny_model_dir):
+    """The teacher's responses come from the teacher's weights; a load of the policy then serves the
+    policy (train.py loads the updated policy after each step; test_train checks that every step's
+    rollout runs the trainer's weights)."""
     from transformers import AutoModelForCausalLM
     load = lambda: AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     policy, teacher = shard(load()), shard(load())
@@ -67,8 +70,9 @@ def test_teacher_rollout_leaves_the_engine_serving_the_policy(dist_world, tiny_m
         return worst
 
     seeds = [request_seed(0, "teacher", 1, i) for i in range(len(prompts))]
-    taught = teacher_rollout(engine, teacher, policy, prompts, seeds, n=2, temperature=1.0, max_tokens=12)
+    taught = teacher_rollout(engine, teacher, prompts, seeds, n=2, temperature=1.0, max_tokens=12)
     assert gap(teacher, taught) < 1e-4 < gap(policy, taught)         # the teacher sampled these
+    engine.load_weights(full_weights(policy))
     after = engine.generate(prompts, n=2, temperature=1.0, max_tokens=12, seeds=seeds)
     assert gap(policy, after) < 1e-4 < gap(teacher, after)           # and the policy is back
     engine.close()

@@ -115,7 +115,9 @@ def test_every_method_trains_and_logs_each_step(short_run, method):
     schedule = train.cosine_with_warmup(STEPS, train.PRESETS["classroom"]["warmup_ratio"])
     for record, call in zip(run.step_records, run.steps):
         assert record["responses"] == PAIRS * 2 * G
-        assert record["sampler_gap"] < 1e-3                            # the engine runs the trainer's weights
+        # the engine runs the trainer's current weights (float32 on both sides: ~1e-7), not the teacher's left
+        # from the previous step's teacher rollout
+        assert record["sampler_gap"] < 1e-5
         assert (record["label_acc"] is None) == (method in ANSWER_FREE)
         # the logged rate is the one this step's update used, and follows the schedule
         assert record["lr"] == call["lr"] == pytest.approx(lr * schedule(record["step"] - 1))
