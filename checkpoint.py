@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_st
 
 from grpo import reshard
 
+STEP_DIR = re.compile(r"step_(\d+)")        # a complete checkpoint's folder name; a killed save's ends in .partial
 # Test hook: set to a step number, the save of that step is killed (SIGKILL) after the weights are written.
 KILL_DURING_SAVE = "NANOCOREWARD_KILL_DURING_SAVE"
 
@@ -44,7 +45,7 @@ def complete(out):
     """[(step, path)] of the complete checkpoints in `out`, oldest first."""
     root = os.path.join(out, "checkpoints")
     found = [(int(m.group(1)), os.path.join(root, name)) for name in (os.listdir(root) if os.path.isdir(root) else [])
-             if (m := re.fullmatch(r"step_(\d+)", name))]
+             if (m := STEP_DIR.fullmatch(name))]
     return sorted(found)
 
 
@@ -56,7 +57,7 @@ def latest(out):
 
 def is_checkpoint(path):
     """A complete checkpoint: a step_S folder (never a .partial one) with its trainer state and configuration."""
-    return re.fullmatch(r"step_\d+", os.path.basename(os.path.normpath(path))) is not None and \
+    return STEP_DIR.fullmatch(os.path.basename(os.path.normpath(path))) is not None and \
         os.path.isfile(os.path.join(path, "trainer.pt")) and os.path.isfile(os.path.join(path, "config.json"))
 
 
@@ -146,17 +147,22 @@ def load(path, policy, optimizer, teacher):
     return trainer
 
 
-def to_hf(path, dst):
-    """Write the checkpoint's policy as a Hugging Face model folder (transformers and vLLM load it)
-    in one process, without a process group."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def read_model(path, name="policy"):
+    """The checkpoint's policy (or its teacher) as a whole Hugging Face model, in one process,
+    without a process group."""
+    from transformers import AutoConfig, AutoModelForCausalLM
     if not is_checkpoint(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint (a step_S folder with trainer.pt and config.json)")
-    hf = os.path.join(path, "hf")
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf), dtype=torch.float32)
-    state = {"policy": model.state_dict()}
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(os.path.join(path, "hf")), dtype=torch.float32)
+    state = {name: model.state_dict()}
     dcp.load(state, checkpoint_id=os.path.join(path, "weights"), no_dist=True)
-    model.load_state_dict(state["policy"])
-    model.save_pretrained(dst)
-    AutoTokenizer.from_pretrained(hf).save_pretrained(dst)
+    model.load_state_dict(state[name])
+    return model
+
+
+def to_hf(path, dst):
+    """Write the checkpoint's policy as a Hugging Face model folder (transformers and vLLM load it)."""
+    from transformers import AutoTokenizer
+    read_model(path).save_pretrained(dst)
+    AutoTokenizer.from_pretrained(os.path.join(path, "hf")).save_pretrained(dst)
     return dst

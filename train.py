@@ -263,7 +263,7 @@ class MetricsLog:
         """Drop the records after `step` (the steps a killed run logged after its checkpoint, and a
         line it may have left half-written)."""
         lines = open(self.path).read().splitlines(keepends=True)
-        kept = []
+        kept = []                                           # (line, record)
         for i, line in enumerate(lines):
             try:
                 record = json.loads(line)
@@ -273,13 +273,13 @@ class MetricsLog:
                 raise ValueError(f"{self.path} line {i + 1} is not JSON: {line[:80]!r}; repair or remove it") from None
             if record["step"] > step:
                 break
-            kept.append(line)
-        logged = [json.loads(line)["step"] for line in kept if "reward" in json.loads(line)]
+            kept.append((line, record))
+        logged = [record["step"] for _, record in kept if "reward" in record]
         if logged != list(range(1, step + 1)):
             raise ValueError(f"{self.path} does not hold one record for each step up to the checkpoint's {step} "
                              f"(it has {logged[:3]}...{logged[-3:]}); resume needs the run's own metrics.jsonl")
         with open(self.path + ".tmp", "w") as f:
-            f.writelines(kept)
+            f.writelines(line for line, _ in kept)
         os.replace(self.path + ".tmp", self.path)
 
     def write(self, record):

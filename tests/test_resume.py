@@ -116,12 +116,7 @@ def final_weights(out):
 
 def saved_teacher(ckpt):
     """The EMA teacher in a checkpoint, read in this process without a process group."""
-    import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig, AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(os.path.join(ckpt, "hf")), dtype=torch.float32)
-    state = {"teacher": model.state_dict()}
-    dcp.load(state, checkpoint_id=os.path.join(ckpt, "weights"), no_dist=True)
-    return state["teacher"]
+    return checkpoint.read_model(ckpt, "teacher").state_dict()
 
 
 def assert_same_run(resumed, uninterrupted):
