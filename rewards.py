@@ -16,7 +16,7 @@ Methods differ only in where the label comes from:
                paper: the authors' later code)
 
 Two baselines need no answer at all; their reward is computed from the policy's own token
-distributions over the response (`certainty_rewards`):
+distributions over the response (`certainty_per_token`):
 
     self_certainty   mean over response tokens of KL(Uniform || p)   (Intuitor)
     entropy          minus the mean token entropy                  (RENT)
@@ -62,7 +62,7 @@ def labels_for(method, answers, ground_truth, teacher_answers=None):
     if n % 2:
         raise ValueError(f"expected an even number of groups (originals, then rephrasings), got {n}")
     if method in ANSWER_FREE_METHODS:
-        raise ValueError(f"{method} has no labels: its reward comes from certainty_rewards")
+        raise ValueError(f"{method} has no labels: its reward comes from certainty_per_token")
     if method == "gt":
         return list(ground_truth)
     if method in TEACHER_METHODS:
@@ -81,18 +81,15 @@ def rewards_for(answers, labels):
             for group, label in zip(answers, labels)]
 
 
-def certainty_rewards(method, logp_all, mask):
-    """Per-response rewards of the answer-free methods.
-
-    logp_all [N, T, V]: the policy's log-probs over the vocabulary at each position;
-    mask [N, T]: 1 on response positions. Returns [N]:
-      self_certainty: mean_t KL(U || p_t) = mean_t ( -log V - (1/V) sum_v log p_t(v) )
-      entropy:        -mean_t H(p_t)     = mean_t sum_v p_t(v) log p_t(v)
+def certainty_per_token(method, logp_all):
+    """The answer-free reward of each response token, from the policy's log-probs over the vocabulary
+    logp_all [c, V] at that token's position -> [c]; a response's reward is the mean over its tokens
+    (grpo.score_responses, which computes them chunk by chunk, never for a whole batch at once):
+      self_certainty: KL(U || p) = -log V - (1/V) sum_v log p(v)
+      entropy:        -H(p)      = sum_v p(v) log p(v)
     """
     if method == "self_certainty":
-        per_token = -math.log(logp_all.shape[-1]) - logp_all.mean(-1)
-    elif method == "entropy":
-        per_token = (logp_all.exp() * logp_all).sum(-1)
-    else:
-        raise ValueError(f"{method} is not an answer-free method ({', '.join(ANSWER_FREE_METHODS)})")
-    return (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return -math.log(logp_all.shape[-1]) - logp_all.mean(-1)
+    if method == "entropy":
+        return torch.linalg.vecdot(logp_all.exp(), logp_all)
+    raise ValueError(f"{method} is not an answer-free method ({', '.join(ANSWER_FREE_METHODS)})")

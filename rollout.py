@@ -89,6 +89,7 @@ class VLLMEngine:
         from vllm import LLM
         from vllm.config import SchedulerConfig
         self.max_prompt_len = max_prompt_len
+        self.dtype = getattr(torch, dtype)            # the weights load_weights expects
         on_cpu = not torch.cuda.is_available()
         max_model_len = max_prompt_len + max_response_len
         # the KV cache: a fraction of the GPU, or on a CPU a fixed size (VLLM_CPU_KVCACHE_SPACE overrides it).
@@ -123,7 +124,9 @@ class VLLMEngine:
         return groups
 
     def load_weights(self, named_tensors):
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(named_tensors))})
+        """named_tensors: (Hugging Face name, tensor in self.dtype), consumed one at a time (in this process,
+        so a generator that gathers each tensor when asked streams the model through)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.llm.reset_prefix_cache()   # cached KV blocks were computed with the old weights
 
     def close(self):
@@ -136,6 +139,7 @@ class HFEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.max_prompt_len = max_prompt_len
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = getattr(torch, dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device).eval()
         self.eos = self.tokenizer.eos_token_id
@@ -189,9 +193,17 @@ class HFEngine:
             groups.append(group)
         return groups
 
+    @torch.no_grad()
     def load_weights(self, named_tensors):
-        missing, unexpected = self.model.load_state_dict(dict(named_tensors), strict=False)
-        missing = [k for k in missing if k != "lm_head.weight" or not self.model.config.tie_word_embeddings]
+        """Copies each (name, tensor) into place as it comes; a tied parameter may come under either name."""
+        params, loaded, unexpected = dict(self.model.named_parameters(remove_duplicate=False)), set(), []
+        for name, tensor in named_tensors:
+            if name in params:
+                params[name].copy_(tensor)
+                loaded.add(id(params[name]))
+            else:
+                unexpected.append(name)
+        missing = [name for name, p in params.items() if id(p) not in loaded]
         if missing or unexpected:
             raise RuntimeError(f"weight sync into the transformers engine failed: missing {missing[:5]}, "
                                f"unexpected {unexpected[:5]}; the trainer's and the engine's models differ")

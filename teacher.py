@@ -42,5 +42,5 @@ def ema_update(teacher, policy, alpha):
 def teacher_rollout(engine, teacher, prompt_ids, seeds, n, temperature, max_tokens):
     """The teacher's responses (`seeds`: one per prompt, rollout.request_seed with role "teacher").
     The engine then serves the teacher, until the caller loads the policy."""
-    engine.load_weights(full_weights(teacher))
+    engine.load_weights(full_weights(teacher, engine.dtype))
     return engine.generate(prompt_ids, n, temperature, max_tokens, seeds=seeds)

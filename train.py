@@ -48,14 +48,15 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from tqdm import tqdm
 
 import checkpoint
 import data
 from eval import accuracies, benchmark_prompts, eval_counts
-from grpo import (NonFiniteError, StepConfig, full_weights, group_advantages, init_distributed, make_batch, score_responses,
-                  shard, train_step)
-from rewards import (ANSWER_FREE_METHODS, METHODS, TEACHER_METHODS, certainty_rewards, extract_answer, is_equiv,
+from grpo import (NonFiniteError, StepConfig, full_weights, group_advantages, init_distributed, load_sharded, make_batch,
+                  score_responses, train_step)
+from rewards import (ANSWER_FREE_METHODS, METHODS, TEACHER_METHODS, certainty_per_token, extract_answer, is_equiv,
                      labels_for, rewards_for)
 from teacher import ema_decay, ema_update, teacher_rollout
 
@@ -65,11 +66,12 @@ PRESETS = {
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
         max_prompt_len=64, max_response_len=48, mini_batches=1, micro_batch_size=256,
         eval_data="classroom", eval_every=20, eval_k=8, eval_limit=200, eval_temperature=1.0, dtype="float32",
-        cpu_kv_cache_gib=0.25, save_every=20, activation_checkpointing=False),
+        cpu_kv_cache_gib=0.25, save_every=20, activation_checkpointing=False, max_tokens_per_micro_batch=0),
     "official": dict(
         data="openrs", pairs_per_step=128, group_size=8, epochs=3, lr=3e-6, weight_decay=0.01,
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
         max_prompt_len=512, max_response_len=3072, mini_batches=2, micro_batch_size=2,
+        max_tokens_per_micro_batch=16384,                          # fits 8 x 80 GB with room: bench/scale.py
         eval_data="math500", eval_every=20, eval_k=8, eval_limit=500, eval_temperature=0.8, dtype="bfloat16",
         cpu_kv_cache_gib=2.0, save_every=30,                       # save_every as the official scripts
         activation_checkpointing=True),
@@ -83,7 +85,7 @@ METHOD_DEFAULTS = {
 
 # The defaults of flags that neither the preset nor the method sets.
 DEFAULTS = dict(seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999, max_sampler_gap=0.1, keep_last=2,
-                gpu_memory_utilization=0.3)
+                gpu_memory_utilization=0.3, defer_grad_sync=False)
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap")
 # Flags that say how to start this process, not what the run is: not part of its configuration.
@@ -120,6 +122,13 @@ def build_parser(argument_default=None):
     ap.add_argument("--activation_checkpointing", action=argparse.BooleanOptionalAction,
                     help="recompute each decoder layer in the backward instead of keeping its activations "
                          "(on in the official preset)")
+    ap.add_argument("--max_tokens_per_micro_batch", type=int,
+                    help="group each forward/backward pass by padded tokens instead of --micro_batch_size rows: "
+                         "rows of similar length together, each pass padded to its own longest row (0: by "
+                         "--micro_batch_size; 16384 in the official preset)")
+    ap.add_argument("--defer_grad_sync", action=argparse.BooleanOptionalAction,
+                    help="reduce-scatter gradients once per update instead of after every micro-batch (keeps "
+                         "unsharded gradients in between: see the memory account in README)")
     ap.add_argument("--save_every", type=int, help="write a checkpoint every K steps and at the last (0: never)")
     ap.add_argument("--keep_last", type=int, help="keep the newest N checkpoints (0: all; default 2)")
     ap.add_argument("--ema_start", type=float, help="the teacher's EMA decay at the first step (default 0.99)")
@@ -205,9 +214,14 @@ def check_settings(args, world_size):
                  "max_response_len"):
         if getattr(args, name) < 1:
             refuse(f"--{name} {getattr(args, name)} must be at least 1")
-    for name in ("save_every", "keep_last"):
+    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch"):
         if getattr(args, name) < 0:
             refuse(f"--{name} {getattr(args, name)} must be 0 or more")
+    longest = args.max_prompt_len + args.max_response_len
+    if args.max_tokens_per_micro_batch and args.max_tokens_per_micro_batch < longest:
+        refuse(f"--max_tokens_per_micro_batch {args.max_tokens_per_micro_batch} must hold one sequence of the longest "
+               f"length, {longest} tokens (--max_prompt_len {args.max_prompt_len} + --max_response_len "
+               f"{args.max_response_len})")
     if args.steps is not None and args.steps < 1:
         refuse(f"--steps {args.steps} must be at least 1")
     if args.steps is None and not args.epochs > 0:
@@ -376,13 +390,14 @@ def main(argv=None):
     eval_indices = range(rank, len(eval_prompts), world_size)     # each rank evaluates its share
     eval_prompts, eval_gold = eval_prompts[rank::world_size], eval_gold[rank::world_size]
 
+    # Built sharded: no rank ever holds a whole model on its device. The policy keeps fp32 weights for
+    # AdamW and computes in --dtype. The KL anchor is the frozen start model, kept in --dtype as it only
+    # runs forwards, or for the teacher methods the EMA teacher (which also samples), fp32 for its averaging.
     dtype = getattr(torch, args.dtype)
-    policy = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device),
-                   param_dtype=None if dtype == torch.float32 else dtype, activation_checkpointing=args.activation_checkpointing)
-    # The KL anchor: the frozen start model, or for the teacher methods the EMA teacher (which also samples).
-    ref = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).requires_grad_(False),
-                param_dtype=None if dtype == torch.float32 else dtype)
-    teacher = ref if args.method in TEACHER_METHODS else None
+    policy = load_sharded(model_dir, device, torch.float32, dtype, args.activation_checkpointing)
+    teacher_method = args.method in TEACHER_METHODS
+    ref = load_sharded(model_dir, device, torch.float32 if teacher_method else dtype, dtype).requires_grad_(False)
+    teacher = ref if teacher_method else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(args.steps, args.warmup_ratio))
     engine = make_engine(args.backend, model_dir, args.max_prompt_len, args.max_response_len,
@@ -391,8 +406,8 @@ def main(argv=None):
     # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the whole world
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, os.cpu_count() // local_ranks))))
-    step_cfg = StepConfig(args.temperature, args.clip_eps, args.kl_coef, args.mini_batches,
-                          args.micro_batch_size, args.max_grad_norm)
+    step_cfg = StepConfig(args.temperature, args.clip_eps, args.kl_coef, args.mini_batches, args.micro_batch_size,
+                          args.max_tokens_per_micro_batch or None, args.max_grad_norm, args.defer_grad_sync)
     # The loop's random state: the data shuffle, and the global torch RNG behind the mini-batch order
     # (seeded after the engine starts, as vLLM seeds the global RNG with its own seed).
     torch.manual_seed(args.seed)
@@ -403,7 +418,7 @@ def main(argv=None):
         scheduler.load_state_dict(state["scheduler"])
         shuffle.set_state(state["shuffle"])
         order, cursor, start = state["order"], state["cursor"], state["step"]
-        engine.load_weights(full_weights(policy))               # the engine samples from the resumed policy
+        engine.load_weights(full_weights(policy, engine.dtype))        # the engine samples from the resumed policy
         if rank == 0:
             prepare_resume(args.out, start, args.steps)
             print(f"resumed from {resume} (step {start} of {args.steps})")
@@ -461,8 +476,8 @@ def main(argv=None):
             batch = make_batch([s for g in groups for s in g], tokenizer.pad_token_id or 0, device)
             if args.method in ANSWER_FREE_METHODS:
                 labels = None
-                fn = lambda logp_all, mask: certainty_rewards(args.method, logp_all, mask)
-                rewards = score_responses(policy, batch, step_cfg, fn).view(len(groups), args.group_size).cpu()
+                per_token = functools.partial(certainty_per_token, args.method)
+                rewards = score_responses(policy, batch, step_cfg, per_token).view(len(groups), args.group_size).cpu()
             else:
                 labels = labels_for(args.method, answers, gold, teacher_answers)
                 rewards = torch.tensor(rewards_for(answers, labels))                      # [2P, G]
@@ -477,7 +492,7 @@ def main(argv=None):
             if teacher is not None:
                 ema_update(teacher, policy, alpha)
             t2 = time.perf_counter()
-            engine.load_weights(full_weights(policy))
+            engine.load_weights(full_weights(policy, engine.dtype))
             t3 = time.perf_counter()
 
             sums = all_sum({
@@ -518,11 +533,12 @@ def main(argv=None):
                     print(f"stopped after step {step} of {args.steps}; continue with: --out {args.out} --resume")
                 break
         if not stopped:
-            weights = full_weights(policy)
+            # the full fp32 weights, gathered into rank 0's CPU memory only
+            weights = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             if rank == 0:
                 final = os.path.join(args.out, "final")
                 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-                model.load_state_dict(dict(weights))
+                model.load_state_dict(weights)
                 model.save_pretrained(final)
                 tokenizer.save_pretrained(final)
                 print(f"saved {final}")

@@ -8,6 +8,10 @@ so that two ranks hold different token counts. Each case starts from fresh model
 - `one_update`: one step, one update;
 - `two_updates`: one step, two mini-batches in a fixed order, such that the one-rank mini-batch k
   is exactly the union of the ranks' mini-batch k;
+- `token_budget`: the same by a budget of 14 padded tokens per pass: per update, the rank with the
+  short rows (5 and 6 tokens) packs one pass and the other (9 and 10) two, so the first splits its
+  pass in two to match;
+- `deferred_sync`: the same with gradients reduce-scattered once per update;
 - `nan_on_one_rank` (N > 1 only): the last rank's sampler log-probs hold a NaN; every rank must
   stop with NonFiniteError, its weights unmoved.
 
@@ -28,14 +32,14 @@ from test_grpo import _batch, _tiny_model  # noqa: E402
 N, MINI_BATCHES = 8, 2
 
 
-def one_step(batch, mini_batches, order):
+def one_step(batch, mini_batches, order, **split):
     """Full weights after one step on fresh models, or the NonFiniteError it raised."""
     model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
     # plain SGD and no clipping: unlike Adam's or clipping's, its update scales with the gradient,
     # so a wrong normalisation across ranks shows
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     cfg = StepConfig(temperature=0.8, clip_eps=0.2, kl_coef=0.05, mini_batches=mini_batches, micro_batch_size=3,
-                     max_grad_norm=1e9)
+                     max_grad_norm=1e9, **split)
     start = {k: v.clone() for k, v in full_weights(model)}
     try:
         train_step(model, ref, opt, batch, cfg, world, order=order)
@@ -53,7 +57,9 @@ if __name__ == "__main__":
     # all 8 takes them as 0,1,4,5 | 2,3,6,7: the union of the two ranks' chunks k.
     order = torch.arange(per_rank) if world > 1 else \
         torch.arange(N).view(2, MINI_BATCHES, -1).transpose(0, 1).flatten()
-    out = {"one_update": one_step(mine, 1, order), "two_updates": one_step(mine, MINI_BATCHES, order)}
+    out = {"one_update": one_step(mine, 1, order), "two_updates": one_step(mine, MINI_BATCHES, order),
+           "token_budget": one_step(mine, MINI_BATCHES, order, max_tokens_per_micro_batch=14),
+           "deferred_sync": one_step(mine, MINI_BATCHES, order, defer_grad_sync=True)}
     if world > 1:
         if rank == world - 1:
             mine.sampler_logp[0, mine.mask[0].nonzero()[0, 0]] = float("nan")

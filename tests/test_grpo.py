@@ -7,8 +7,10 @@ import sys
 import pytest
 import torch
 
-from grpo import (Batch, NonFiniteError, StepConfig, full_weights, group_advantages, grpo_loss, shard, token_logprobs,
-                  train_step)
+import grpo
+from grpo import (Batch, NonFiniteError, StepConfig, full_weights, group_advantages, grpo_loss, micro_batches, pack_by_tokens,
+                  score_responses, shard, token_logprobs, train_step)
+from rewards import certainty_per_token
 from conftest import ROOT
 
 
@@ -63,10 +65,97 @@ def _batch(n=6, width=10, seed=1):
     return Batch(ids, mask, adv, torch.zeros(n, width - 1))
 
 
+def naive_logprobs(model, input_ids, temperature):
+    """The textbook formula: log_softmax over the vocabulary of every position's logits / T, then the
+    next token's entry: [B, T-1]."""
+    logits = model(input_ids=input_ids).logits[:, :-1].float() / temperature
+    return logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("chunk", [1024, 5])
+def test_chunked_logprobs_match_the_naive_formula(monkeypatch, chunk):
+    """Log-probs, their gradients and the entropy from the last hidden states, the output layer run
+    chunk by chunk (5 tokens: several chunks and a short last one), against log_softmax over the whole
+    [B, T-1, V] logits, to 1e-5. Positions off the mask are 0 and get no gradient."""
+    monkeypatch.setattr(grpo, "LOGIT_CHUNK", chunk)
+    b, temperature = _batch(), 0.7
+    weights = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(2)) * b.mask   # any loss of logp
+    model = _tiny_model()
+    logp, entropy = token_logprobs(model, b.input_ids, b.mask, temperature, entropy=True)
+    grads = torch.autograd.grad((weights * logp).sum(), list(model.parameters()))
+    ref = _tiny_model()
+    naive = naive_logprobs(ref, b.input_ids, temperature)
+    ref_grads = torch.autograd.grad((weights * naive).sum(), list(ref.parameters()))
+    assert torch.allclose(logp, naive * b.mask, atol=1e-5) and logp[b.mask == 0].eq(0).all()
+    for (name, _), g, r in zip(model.named_parameters(), grads, ref_grads):
+        assert torch.allclose(g, r, atol=1e-5), name
+    assert sum(g.abs().sum() for g in grads) > 0
+    with torch.no_grad():
+        logp_all = (ref(input_ids=b.input_ids).logits[:, :-1] / temperature).log_softmax(-1)
+        naive_entropy = -(logp_all.exp() * logp_all).sum(-1)
+    assert torch.allclose(entropy, naive_entropy * b.mask, atol=1e-5)
+    assert entropy[b.mask == 1].min() > 0.5                      # the tiny random model is far from certain
+
+
+@pytest.mark.parametrize("method", ["self_certainty", "entropy"])
+def test_chunked_answer_free_rewards_match_the_naive_formula(dist_world, monkeypatch, method):
+    """The answer-free rewards, chunk by chunk over response positions, against the formulas of
+    rewards.py applied to the whole [B, T-1, V] log-probs: the mean over response tokens of
+    KL(U || p) = -log V - mean_v log p(v), or of -H(p) = sum_v p(v) log p(v)."""
+    monkeypatch.setattr(grpo, "LOGIT_CHUNK", 5)
+    b, temperature = _batch(), 0.7
+    model = _tiny_model()
+    cfg = StepConfig(temperature=temperature, micro_batch_size=4)
+    rewards = score_responses(model, b, cfg, lambda logp_all: certainty_per_token(method, logp_all))
+    with torch.no_grad():
+        logp_all = (model(input_ids=b.input_ids).logits[:, :-1] / temperature).log_softmax(-1)    # [B, T-1, V]
+    per_token = -torch.log(torch.tensor(64.0)) - logp_all.mean(-1) if method == "self_certainty" \
+        else (logp_all.exp() * logp_all).sum(-1)
+    naive = (per_token * b.mask).sum(-1) / b.mask.sum(-1)
+    assert torch.allclose(rewards, naive, atol=1e-5)
+    assert rewards.std() > 0
+
+
+def test_a_head_that_is_not_a_plain_linear_layer_is_refused():
+    """A model whose logits are not hidden @ weight.T (here: scaled by 2) stops with a message."""
+    model, b = _tiny_model(), _batch()
+    model.lm_head.register_forward_hook(lambda module, args, out: 2 * out)
+    with pytest.raises(ValueError, match="not its last hidden state times its output layer"):
+        token_logprobs(model, b.input_ids, b.mask, 1.0)
+
+
+def test_micro_batches_by_token_budget_by_hand():
+    """Rows sorted longest first; a row joins while rows x the longest stays within the budget;
+    more passes are made by halving the costliest micro-batch."""
+    lengths = [10, 3, 7, 7, 2, 9]
+    # 10+9 -> 2 x 10 = 20; 7+7 -> 14 (+3 would be 21); 3+2 -> 6
+    assert pack_by_tokens(lengths, 20) == [[0, 5], [2, 3], [1, 4]]
+    assert pack_by_tokens(lengths, 9) == [[0], [5], [2], [3], [1, 4]]         # a row longer than the budget goes alone
+    # 4 passes: [0, 5] (cost 20) is split first
+    assert pack_by_tokens(lengths, 20, passes=4) == [[2, 3], [1, 4], [0], [5]]
+    assert pack_by_tokens(lengths, 20, passes=6) == [[0], [5], [2], [3], [1], [4]]
+
+
+def test_micro_batches_are_padded_to_their_own_longest_row(dist_world):
+    """Each pass computes only its rows' own width; the padding efficiency of the test batch's
+    micro-batches by budget is higher than by count."""
+    b = _batch()
+    lengths = b.lengths()
+    assert lengths.tolist() == [5, 6, 5, 10, 9, 10]           # prompt 3 + response 2, 3, 2, 7, 6, 7
+    def efficiency(cfg):
+        passes = micro_batches(lengths, cfg)
+        assert sorted(i for p in passes for i in p) == list(range(6))
+        computed = sum(b.rows(p).input_ids.numel() for p in passes)
+        return lengths.sum().item() / computed
+    by_count = efficiency(StepConfig(micro_batch_size=2))          # [5, 6] [5, 10] [9, 10]: 12 + 20 + 20
+    by_tokens = efficiency(StepConfig(max_tokens_per_micro_batch=20))   # [10, 10] [9, 6] [5, 5]: 20 + 18 + 10
+    assert by_count == pytest.approx(45 / 52) and by_tokens == pytest.approx(45 / 48)
+
+
 def test_gradient_equals_reinforce_at_ratio_one():
     model = _tiny_model()
     b = _batch()
-    logp, _ = token_logprobs(model, b.input_ids, temperature=0.7)
+    logp, _ = token_logprobs(model, b.input_ids, b.mask, temperature=0.7)
     n = b.mask.sum()
     loss, clipped = grpo_loss(logp, logp.detach(), logp.detach(), b.advantages, b.mask, 0.2, 0.0, n)
     grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
@@ -78,21 +167,27 @@ def test_gradient_equals_reinforce_at_ratio_one():
     assert sum(g.abs().sum() for g in grads) > 0
 
 
-def _train_once(micro_batch_size, mini_batches=1, world_size=1, activation_checkpointing=False):
+def _train_once(micro_batch_size, mini_batches=1, world_size=1, activation_checkpointing=False, max_tokens=None,
+                defer_grad_sync=False):
     model = shard(_tiny_model(), activation_checkpointing=activation_checkpointing)
     ref = shard(_tiny_model().requires_grad_(False))
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=mini_batches,
-                     micro_batch_size=micro_batch_size, max_grad_norm=1e9)
+                     micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=max_tokens, max_grad_norm=1e9,
+                     defer_grad_sync=defer_grad_sync)
     order = torch.randperm(6, generator=torch.Generator().manual_seed(0))
     train_step(model, ref, opt, _batch(), cfg, world_size, order=order)
     return dict(full_weights(model))
 
 
 @pytest.mark.parametrize("mini_batches", [1, 2])
-def test_micro_batches_match_whole_batch(dist_world, mini_batches):
+@pytest.mark.parametrize("split", [dict(micro_batch_size=2), dict(micro_batch_size=6, max_tokens=12),
+                                   dict(micro_batch_size=2, defer_grad_sync=True)])
+def test_micro_batches_match_whole_batch(dist_world, mini_batches, split):
+    """Micro-batches of 2 rows, by a budget of 12 padded tokens, or of 2 rows reduced once per update:
+    the same update as the whole batch in one pass."""
     whole = _train_once(micro_batch_size=6, mini_batches=mini_batches)
-    micro = _train_once(micro_batch_size=2, mini_batches=mini_batches)
+    micro = _train_once(mini_batches=mini_batches, **split)
     start = _tiny_model().state_dict()
     moved = 0.0
     for name in whole:
@@ -109,7 +204,7 @@ def _saved_bytes(model, batch):
         total[0] += t.numel() * t.element_size()
         return t
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        token_logprobs(model, batch.input_ids, 1.0)
+        token_logprobs(model, batch.input_ids, batch.mask, 1.0)
     return total[0]
 
 
@@ -128,7 +223,9 @@ def test_activation_checkpointing_keeps_the_update_and_saves_activations(dist_wo
 
 def test_two_ranks_match_one_rank(tmp_path):
     """Same global batch: one rank holding all of it, or two ranks holding half each, with
-    different token counts; one update, and two mini-batches in the same order."""
+    different token counts; one update, and two mini-batches in the same order, split into passes by
+    count or by a token budget (the ranks then pack different numbers of passes), with gradients
+    reduced after every pass or once per update."""
     out = {}
     for n in (1, 2):
         path = tmp_path / f"w{n}.pt"
@@ -138,12 +235,15 @@ def test_two_ranks_match_one_rank(tmp_path):
         assert res.returncode == 0, res.stderr[-3000:]
         out[n] = torch.load(path)
     start = _tiny_model().state_dict()
-    for case in ("one_update", "two_updates"):
+    for case in ("one_update", "two_updates", "token_budget", "deferred_sync"):
         one, two = out[1][case], out[2][case]
         assert sorted(one) == sorted(two)
         for name in one:
             assert torch.allclose(one[name], two[name], atol=1e-6), (case, name)
         assert sum((one[k] - start[k]).abs().sum() for k in one) > 1e-3, case      # the step moved the weights
+    for case in ("token_budget", "deferred_sync"):     # other passes, or one gradient reduction per update:
+        for name in out[2][case]:                      # the same update
+            assert torch.allclose(out[2][case][name], out[2]["two_updates"][name], atol=1e-6), (case, name)
     # the last rank's sampler log-probs held a NaN: both ranks stopped, neither moved its weights
     for outcome in out[2]["nan_on_one_rank"]:
         assert "1 non-finite sampler log-prob gap" in outcome["stopped"] and not outcome["moved"]
@@ -153,12 +253,12 @@ def _plain_reference_step(batch, order, mini_batches, lr, cfg):
     """The step written out on an unsharded model: π_old is the policy before the first update."""
     model, ref = _tiny_model(), _tiny_model()
     with torch.no_grad():
-        old = token_logprobs(model, batch.input_ids, cfg.temperature)[0]
-        ref_logp = token_logprobs(ref, batch.input_ids, cfg.temperature)[0]
+        old = naive_logprobs(model, batch.input_ids, cfg.temperature)
+        ref_logp = naive_logprobs(ref, batch.input_ids, cfg.temperature)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     norms = []
     for mb in order.chunk(mini_batches):
-        logp = token_logprobs(model, batch.input_ids[mb], cfg.temperature)[0]
+        logp = naive_logprobs(model, batch.input_ids[mb], cfg.temperature)
         loss, _ = grpo_loss(logp, old[mb], ref_logp[mb], batch.advantages[mb], batch.mask[mb], cfg.clip_eps,
                             cfg.kl_coef, batch.mask[mb].sum())
         loss.backward()

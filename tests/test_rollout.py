@@ -25,7 +25,7 @@ def _perturbed(model_dir):
 
 def _trainer_logprobs(model, sample, temperature):
     ids = torch.tensor([sample.prompt_ids + sample.token_ids])
-    logp, _ = token_logprobs(model, ids, temperature)
+    logp, _ = token_logprobs(model, ids, torch.ones(1, ids.shape[1] - 1), temperature)
     return logp[0, len(sample.prompt_ids) - 1:]
 
 

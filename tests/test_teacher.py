@@ -6,7 +6,7 @@ import torch
 
 import world
 from grpo import full_weights, shard, token_logprobs
-from rewards import certainty_rewards, labels_for
+from rewards import certainty_per_token, labels_for
 from rollout import make_engine, request_seed
 from teacher import ema_decay, ema_update, teacher_rollout
 
@@ -65,7 +65,8 @@ def test_the_teacher_samples_the_teacher_rollout(dist_world, tiny_model_dir):
         worst = 0.0
         for g in groups:
             for s in g:
-                logp, _ = token_logprobs(model, torch.tensor([s.prompt_ids + s.token_ids]), 1.0)
+                ids = torch.tensor([s.prompt_ids + s.token_ids])
+                logp, _ = token_logprobs(model, ids, torch.ones(1, ids.shape[1] - 1), 1.0)
                 worst = max(worst, (logp[0, len(s.prompt_ids) - 1:] - torch.tensor(s.logprobs)).abs().max().item())
         return worst
 
@@ -79,18 +80,16 @@ def test_the_teacher_samples_the_teacher_rollout(dist_world, tiny_model_dir):
 
 
 def test_certainty_rewards_by_hand():
-    # one response of two tokens over a vocabulary of 2, then a padded position
-    p = torch.tensor([[[0.5, 0.5], [0.9, 0.1], [0.3, 0.7]]])
-    mask = torch.tensor([[1.0, 1.0, 0.0]])
-    logp = p.log()
+    # two response positions over a vocabulary of 2
+    logp = torch.tensor([[0.5, 0.5], [0.9, 0.1]]).log()
     # KL(U || p) = -log 2 - (log p1 + log p2) / 2: 0 for uniform; -log2 - (log .9 + log .1)/2 = 0.51083
-    sc = certainty_rewards("self_certainty", logp, mask)
-    assert sc.item() == pytest.approx((0.0 + 0.5108256) / 2, abs=1e-5)
-    # entropy: log 2 = 0.693147; 0.325083 -> reward = -(0.693147 + 0.325083) / 2
-    ent = certainty_rewards("entropy", logp, mask)
-    assert ent.item() == pytest.approx(-(0.6931472 + 0.3250830) / 2, abs=1e-5)
+    sc = certainty_per_token("self_certainty", logp)
+    assert torch.allclose(sc, torch.tensor([0.0, 0.5108256]), atol=1e-6)
+    # -entropy: -log 2 = -0.693147; -0.325083
+    ent = certainty_per_token("entropy", logp)
+    assert torch.allclose(ent, torch.tensor([-0.6931472, -0.3250830]), atol=1e-6)
     with pytest.raises(ValueError, match="not an answer-free method"):
-        certainty_rewards("coreward1", logp, mask)
+        certainty_per_token("coreward1", logp)
 
 
 def test_teacher_labels():

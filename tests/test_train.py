@@ -270,6 +270,9 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
     (["--max_prompt_len", "0"], 1, "--max_prompt_len 0 must be at least 1"),
     (["--temperature", "0"], 1, "--temperature 0.0 must be positive"),
     (["--gpu_memory_utilization", "1.5"], 1, "--gpu_memory_utilization 1.5 must be between 0 and 1"),
+    (["--max_tokens_per_micro_batch", "100"], 1, "--max_tokens_per_micro_batch 100 must hold one sequence of the "
+                                                 "longest length, 112 tokens"),
+    (["--max_tokens_per_micro_batch", "-1"], 1, "--max_tokens_per_micro_batch -1 must be 0 or more"),
     (["--model", "m", "--epochs", "0"], 1, "--epochs 0.0 must be positive"),
 ])
 def test_settings_that_cannot_work_are_refused(flags, world_size, message):
