@@ -174,7 +174,7 @@ def _chunk_logits(hidden, weight, temperature):
     """(rows, logits / temperature in fp32 [c, V]) for each chunk of LOGIT_CHUNK rows of hidden [n, H]."""
     for start in range(0, len(hidden), LOGIT_CHUNK):
         rows = slice(start, start + LOGIT_CHUNK)
-        yield rows, (hidden[rows] @ weight.T).float() / temperature
+        yield rows, (hidden[rows] @ weight.T).float().div_(temperature)     # in place: one [c, V] block, not two
 
 
 class ChunkedLogprobs(torch.autograd.Function):

@@ -1,0 +1,382 @@
+"""Memory and time of a training step at the real vocabulary, each saving on its own and together,
+and the per-GPU memory account of the official preset.
+
+    python bench/scale.py                       # the table for README (about 6 minutes on 2 cores)
+    python bench/scale.py --account-only        # the memory account of Qwen3-4B-Base on 8 x 80 GB
+
+The model is Qwen3-shaped and randomly initialised: vocabulary 151,936 (the classroom tokenizer
+padded to it: the Qwen tokenizer cannot be downloaded here), head_dim 128, tied embeddings as in
+Qwen3-4B, and a small body (4 layers, width 256) so that a step takes seconds on a CPU. As at
+4B, the output layer is what makes log-probs expensive. The batch is one rank's: 4 sequences of
+1-2k tokens (prompts of 100-300 tokens), one update, fp32.
+
+Each variant runs in a fresh process, and its peak memory is that process's ru_maxrss; seconds are
+those of the second of two identical steps. "Before" is the training path as it was: log-probs
+through a [B, T, V] log-softmax (with the entropy of every position), micro-batches of 2 rows, each
+padded to the longest row on the rank, no activation checkpointing, a gradient reduce-scatter after
+every micro-batch; the bench puts these back with stand-ins. Padding efficiency = response tokens
+/ positions computed (rows x width of each pass). On one rank a reduce-scatter has nothing to send,
+so --defer_grad_sync shows its memory here, not its time.
+
+The weight sync is timed into a bf16 engine model (the transformers engine's load, standing in for
+vLLM's): before, every parameter gathered in fp32 into one list; after, streamed one parameter at a
+time in the engine's dtype. Extra peak = the highest resident memory during the sync minus that
+before it. Loading runs 2 ranks (torchrun): before, each rank reads the whole fp32 policy and
+reference onto its device and then shards; after, `grpo.load_sharded`.
+
+`memory_account` is the per-GPU budget of the official preset computed from a model config; the
+bench checks it against the measured peaks of the small model (minus the process's memory before
+any model is built) to within 20%.
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import grpo  # noqa: E402
+from grpo import Batch, StepConfig, init_distributed, load_sharded, shard, train_step  # noqa: E402
+
+VOCAB = 151_936
+SMALL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=128, tie_word_embeddings=True, max_position_embeddings=4096)
+QWEN3_4B = dict(vocab_size=VOCAB, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
+GiB = 2**30
+
+# What each variant turns on. "before": everything as it was.
+VARIANTS = {
+    "before": dict(),
+    "1 chunked log-probs": dict(chunked=True),
+    "2 activation checkpointing": dict(checkpointing=True),
+    "3 token-budget micro-batches": dict(budget=4096),
+    "4 deferred gradient sync": dict(defer=True),
+    "1+2+3": dict(chunked=True, checkpointing=True, budget=4096),
+    "1+2+3+4": dict(chunked=True, checkpointing=True, budget=4096, defer=True),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The memory account
+
+def param_count(c):
+    """Parameters of a Qwen3-style decoder: attention (q, k, v, o, q/k norms), MLP, two norms per
+    layer; embeddings (counted once when tied), the final norm."""
+    H, I, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    layer = H * d * (2 * c["num_attention_heads"] + 2 * c["num_key_value_heads"]) + 3 * H * I + 2 * H + 2 * d
+    head = 0 if c["tie_word_embeddings"] else c["vocab_size"] * H
+    return c["num_hidden_layers"] * layer + c["vocab_size"] * H + head + H, layer
+
+
+def memory_account(c, world_size=8, micro_tokens=16_384, compute_bytes=2, ref_bytes=2, checkpointing=True,
+                   defer_grad_sync=False, gpu_bytes=80e9, vllm_share=0.3, weight_sync=True, logit_chunk=grpo.LOGIT_CHUNK):
+    """Bytes per GPU of the official preset's training, by part, from the model config `c`.
+
+    Sharded over `world_size` ranks: fp32 parameters, fp32 gradients, AdamW's two fp32 moments, and
+    the reference (`ref_bytes` per parameter: the compute dtype; the teacher methods keep fp32).
+    Gathered for compute (`compute_bytes` per parameter): the root unit (embeddings, which are the
+    output layer when tied) for the whole forward and backward, and two decoder layers (the one
+    running and the next, prefetched), with their gradients before the reduce-scatter. With
+    `defer_grad_sync`, every unit keeps its unsharded fp32 gradients between micro-batches.
+    Activations of one pass of `micro_tokens` tokens: with checkpointing, each layer's input, plus
+    the insides of the one layer being recomputed (norm outputs and fp32 norm statistics, q, k, v,
+    the attention output, the MLP's gate, up, activation and product); without, the insides of every
+    layer. The output layer: the response positions' hidden states and their gradient, and one
+    chunk of `logit_chunk` positions' fp32 logits with two vocabulary-sized temporaries. vLLM takes
+    `vllm_share` of the GPU; the weight sync adds one gathered parameter (the largest: the embedding)
+    in the compute dtype."""
+    P, layer = param_count(c)
+    H, I, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    root = V * H + H
+    inside = micro_tokens * (compute_bytes * (3 * H + q + 2 * kv + q + 4 * I) + 4 * 2 * 2)   # one layer's activations
+    parts = {
+        "parameters (fp32, sharded)": 4 * P / world_size,
+        "gradients (fp32, sharded)": 4 * P / world_size,
+        "AdamW moments (fp32, sharded)": 8 * P / world_size,
+        "reference (sharded)": ref_bytes * P / world_size,
+        "gathered parameters and their gradients": 2 * compute_bytes * (root + 2 * layer),
+        "unsharded gradients (deferred sync)": 4 * P if defer_grad_sync else 0,
+        "activations": (L * micro_tokens * H * compute_bytes + inside) if checkpointing else L * inside,
+        "output layer: hidden states + one log-prob chunk": 2 * micro_tokens * H * compute_bytes + 3 * 4 * logit_chunk * V,
+        "weight sync (one gathered parameter)": compute_bytes * root if weight_sync else 0,
+        "vLLM (weights + KV cache)": vllm_share * gpu_bytes,
+    }
+    return parts
+
+
+def print_account(parts, gpu_bytes):
+    total = sum(parts.values())
+    print(f"{'part':<52} {'GB':>7}")
+    for name, value in parts.items():
+        print(f"{name:<52} {value / 1e9:>7.2f}")
+    print(f"{'total':<52} {total / 1e9:>7.2f}   of {gpu_bytes / 1e9:.0f} GB: margin {(gpu_bytes - total) / 1e9:.1f} GB")
+
+
+# --------------------------------------------------------------------------------------------
+# The small model and its batch
+
+def save_small_model(path):
+    """The Qwen3-shaped model at the real vocabulary, random-init, with the classroom tokenizer."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    import world
+    tok = world.build_tokenizer()
+    if len(tok) > VOCAB:
+        raise ValueError("the classroom tokenizer is larger than Qwen3's vocabulary")
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(Qwen3Config(**SMALL)).save_pretrained(path)
+    tok.save_pretrained(path)
+
+
+def make_step_batch(n=4, seed=0):
+    """n sequences of 1-2k tokens: prompts of 100-300 tokens, responses filling the rest."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1000, 2001, (n,), generator=g).tolist()
+    prompts = torch.randint(100, 301, (n,), generator=g).tolist()
+    width = max(lengths)
+    ids = torch.randint(1, VOCAB, (n, width), generator=g)
+    mask = torch.zeros(n, width - 1)
+    for i, (length, p) in enumerate(zip(lengths, prompts)):
+        ids[i, length:] = 0
+        mask[i, p - 1:length - 1] = 1.0
+    return Batch(ids, mask, torch.randn(n, generator=g), torch.zeros(n, width - 1))
+
+
+# --------------------------------------------------------------------------------------------
+# Stand-ins for the path as it was
+
+def vocab_token_logprobs(model, input_ids, mask, temperature, entropy=False):
+    """Before: log-softmax over the vocabulary at every position, and the entropy of every position."""
+    logp_all = (model(input_ids=input_ids).logits[:, :-1].float() / temperature).log_softmax(-1)      # [B, T-1, V]
+    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1) * mask
+    with torch.no_grad():
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, ent
+
+
+def rows_padded_to_the_batch(self, idx):
+    """Before: every micro-batch at the width of the rank's longest row."""
+    return Batch(self.input_ids[idx], self.mask[idx], self.advantages[idx], self.sampler_logp[idx])
+
+
+class PeakRSS:
+    """The highest resident memory of this process while in the block, polled every 2 ms, minus
+    that on entry: the extra memory a call needs, even after a higher peak earlier in the process."""
+    def __enter__(self):
+        self.start = self.now()
+        self.peak, self.running = self.start, True
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        return self
+
+    @staticmethod
+    def now():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _poll(self):
+        while self.running:
+            self.peak = max(self.peak, self.now())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, self.now())
+        self.extra = self.peak - self.start
+
+
+# --------------------------------------------------------------------------------------------
+# Children: one measurement each, in a fresh process
+
+def child_step(model_dir, variant):
+    """Two identical training steps of one variant; the second is timed."""
+    from transformers import AutoModelForCausalLM
+    v = VARIANTS[variant]
+    if not v.get("chunked"):
+        grpo.token_logprobs = vocab_token_logprobs
+    if not (v.get("budget")):
+        Batch.rows = rows_padded_to_the_batch
+    init_distributed()
+    base = PeakRSS.now()
+    policy = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                   activation_checkpointing=v.get("checkpointing", False))
+    ref = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).requires_grad_(False))
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    batch = make_step_batch()
+    cfg = StepConfig(temperature=1.0, kl_coef=0.005, mini_batches=1, micro_batch_size=2,
+                     max_tokens_per_micro_batch=v.get("budget"), defer_grad_sync=v.get("defer", False))
+    passes = grpo.micro_batches(batch.lengths(), cfg)
+    computed = sum(batch.rows(p).input_ids.shape[1] * len(p) for p in passes)
+    seconds = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        train_step(policy, ref, optimizer, batch, cfg, 1, order=torch.arange(len(batch)))
+        seconds.append(time.perf_counter() - t0)
+    return {"seconds": seconds[-1], "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base,
+            "efficiency": batch.mask.sum().item() / computed, "tokens": int(batch.mask.sum()),
+            "micro_tokens": max(batch.rows(p).input_ids.numel() for p in passes)}
+
+
+def child_sync(model_dir, streamed):
+    """Under torchrun: one weight sync into a bf16 engine model; this rank's seconds and extra peak memory."""
+    from transformers import AutoModelForCausalLM
+    from rollout import HFEngine
+    rank, _, _ = init_distributed()
+    policy = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
+    engine = HFEngine(model_dir, 8, 8, dtype="bfloat16")
+    weights = lambda: grpo.full_weights(policy, engine.dtype) if streamed else \
+        [(name, t.full_tensor()) for name, t in policy.state_dict().items()]
+    engine.load_weights(weights())                   # warm
+    with PeakRSS() as mem:
+        t0 = time.perf_counter()
+        engine.load_weights(weights())
+        seconds = time.perf_counter() - t0
+    return {"rank": rank, "seconds": seconds, "extra": mem.extra}
+
+
+def child_head(naive, tokens=8192, hidden_size=SMALL["hidden_size"]):
+    """The path from the last hidden states to the loss and back, for `tokens` response positions at
+    the real vocabulary: extra peak memory, and the log-probs and gradients (to compare the two paths)."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(tokens, hidden_size, generator=g).requires_grad_()
+    weight = (0.02 * torch.randn(VOCAB, hidden_size, generator=g)).requires_grad_()
+    targets = torch.randint(0, VOCAB, (tokens,), generator=g)
+    advantages = torch.randn(tokens, generator=g)
+    with PeakRSS() as mem:
+        if naive:
+            logp = (hidden @ weight.T / 0.7).log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+        else:
+            logp, _ = grpo.ChunkedLogprobs.apply(hidden, weight, targets, 0.7, False)
+        (advantages * logp).sum().backward()
+    return {"extra": mem.extra, "tokens": tokens, "logp": logp.tolist(), "grad_hidden": hidden.grad.abs().sum().item(),
+            "grad_weight_norm": weight.grad.norm().item(), "grad_hidden_norm": hidden.grad.norm().item()}
+
+
+def child_load(model_dir, sharded):
+    """Under torchrun: the policy (fp32) and reference (bf16 compute) as train.py builds them; this rank's peak."""
+    from transformers import AutoModelForCausalLM
+    rank, _, device = init_distributed()
+    base = PeakRSS.now()
+    if sharded:
+        policy = load_sharded(model_dir, device, torch.float32, torch.bfloat16)
+        ref = load_sharded(model_dir, device, torch.bfloat16, torch.bfloat16)
+    else:
+        policy = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device),
+                       param_dtype=torch.bfloat16)
+        ref = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device),
+                    param_dtype=torch.bfloat16)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    held = PeakRSS.now() - base
+    del policy, ref
+    return {"rank": rank, "peak": peak, "held": held}
+
+
+def run_child(args, *extra, ranks=1):
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        launcher = [sys.executable] if ranks == 1 else \
+            [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--nnodes=1",
+             "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0"]
+        cmd = launcher + [os.path.abspath(__file__), "--model_dir", args.model_dir, "--result", f.name, *extra]
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // ranks))}
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if res.returncode:
+            raise RuntimeError(f"{' '.join(extra)} failed:\n{res.stderr[-3000:]}")
+        return [json.loads(line) for line in open(f.name)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--account-only", action="store_true")
+    ap.add_argument("--model_dir", help="(children) the saved small model")
+    ap.add_argument("--result", help="(children) where to append the measurement")
+    ap.add_argument("--step", help="(child) a variant of VARIANTS")
+    ap.add_argument("--sync", choices=["list", "streamed"])
+    ap.add_argument("--head", choices=["naive", "chunked"])
+    ap.add_argument("--parts", default="account,step,head,sync,load", help="which tables to print")
+    ap.add_argument("--load", choices=["full", "sharded"])
+    args = ap.parse_args()
+
+    if args.result:                                   # a child
+        if args.step:
+            out = child_step(args.model_dir, args.step)
+        elif args.sync:
+            out = child_sync(args.model_dir, args.sync == "streamed")
+        elif args.head:
+            out = child_head(args.head == "naive")
+        else:
+            out = child_load(args.model_dir, args.load == "sharded")
+        with open(args.result, "a") as f:
+            f.write(json.dumps(out) + "\n")
+        return
+
+    parts = args.parts.split(",")
+    if "account" in parts or args.account_only:
+        print("Memory account per GPU: Qwen3-4B-Base, official preset, 8 x 80 GB, micro-batches of 16,384 tokens")
+        print_account(memory_account(QWEN3_4B), 80e9)
+    if args.account_only:
+        return
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args.model_dir = tmp
+        save_small_model(tmp)
+        print(f"\nQwen3-shaped model: {param_count(SMALL)[0] / 1e6:.1f}M parameters, vocabulary {VOCAB:,}, "
+              f"{SMALL['num_hidden_layers']} layers, width {SMALL['hidden_size']}; 4 sequences of 1-2k tokens, fp32\n")
+        if "head" in parts:
+            head = {mode: run_child(args, "--head", mode)[0] for mode in ("naive", "chunked")}
+            n, c = head["naive"], head["chunked"]
+            diff = max(abs(a - b) for a, b in zip(n["logp"], c["logp"]))
+            grads = max(abs(n[k] - c[k]) / n[k] for k in ("grad_hidden_norm", "grad_weight_norm"))
+            print(f"{'hidden states -> loss -> backward':<36} {'extra peak MiB':>15} {'KiB per token':>14}")
+            for mode in ("naive", "chunked"):
+                r = head[mode]
+                print(f"{mode:<36} {r['extra'] / 2**20:>15.0f} {r['extra'] / r['tokens'] / 1024:>14.0f}")
+            print(f"{n['tokens']} tokens, V={VOCAB:,}: {n['extra'] / c['extra']:.1f}x less memory per token; log-probs "
+                  f"differ by at most {diff:.1e}, gradient norms by {grads:.1e} (relative)\n")
+        if "step" not in parts:
+            results = {}
+        else:
+            results = {name: run_child(args, "--step", name)[0] for name in VARIANTS}
+        if results:
+            before = results["before"]
+            print(f"{'training step':<30} {'peak GiB':>9} {'x before':>9} {'seconds':>8} {'x before':>9} "
+                  f"{'padding eff.':>13} {'account GiB':>12}")
+        for name, r in results.items():
+            v = VARIANTS[name]
+            account = None                        # the account describes the chunked path
+            if v.get("chunked"):
+                account = sum(memory_account(
+                    SMALL, world_size=1, micro_tokens=r["micro_tokens"], compute_bytes=4, ref_bytes=4,
+                    checkpointing=v.get("checkpointing", False), defer_grad_sync=v.get("defer", False),
+                    vllm_share=0, weight_sync=False).values())
+            account_text = f"{account / GiB:>12.2f}" if account else f"{'-':>12}"
+            print(f"{name:<30} {r['peak'] / GiB:>9.2f} {before['peak'] / r['peak']:>8.2f}x {r['seconds']:>8.2f} "
+                  f"{before['seconds'] / r['seconds']:>8.2f}x {r['efficiency']:>13.2f} {account_text}")
+            if account and abs(account - r["peak"]) / r["peak"] > 0.2:
+                print(f"    the account is {100 * abs(account - r['peak']) / r['peak']:.0f}% off the measured peak (> 20%)")
+
+        if "sync" in parts:
+            print(f"\n{'weight sync, 2 ranks, into bf16':<32} {'seconds':>8} {'extra peak MiB (rank 1)':>24}")
+            for mode, label in (("list", "before: fp32, all at once"), ("streamed", "after: streamed, bf16")):
+                r = max(run_child(args, "--sync", mode, ranks=2), key=lambda r: r["rank"])
+                print(f"{label:<32} {r['seconds']:>8.3f} {r['extra'] / 2**20:>24.0f}")
+
+        if "load" in parts:
+            print(f"\n{'loading policy + reference, 2 ranks':<36} {'rank 0 peak MiB':>16} {'rank 1 peak MiB':>16} "
+                  f"{'held per rank MiB':>18}")
+            for mode, label in (("full", "before: whole model on each rank"), ("sharded", "after: meta, shard, fill")):
+                r = sorted(run_child(args, "--load", mode, ranks=2), key=lambda r: r["rank"])
+                print(f"{label:<36} {r[0]['peak'] / 2**20:>16.0f} {r[1]['peak'] / 2**20:>16.0f} "
+                      f"{r[1]['held'] / 2**20:>18.0f}")
+
+
+if __name__ == "__main__":
+    main()
