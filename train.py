@@ -67,7 +67,7 @@ PRESETS = {
         max_prompt_len=64, max_response_len=48, mini_batches=1, micro_batch_size=256,
         eval_data="classroom", eval_every=20, eval_k=8, eval_limit=200, eval_temperature=1.0, dtype="float32",
         cpu_kv_cache_gib=0.25, save_every=20, activation_checkpointing=False,
-        max_tokens_per_micro_batch=4096),                          # less padding: 1.2x faster updates, bench/classroom.py
+        max_tokens_per_micro_batch=4096),          # less padding: 1.2x faster updates on bench/classroom.py's batch
     "official": dict(
         data="openrs", pairs_per_step=128, group_size=8, epochs=3, lr=3e-6, weight_decay=0.01,
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
