@@ -490,13 +490,10 @@ def _constants_equal(a, b):
 # ------------------------------------------------------------------- voting
 
 
-def majority_vote(answers):
-    """Representative of the largest class of equivalent answers, or None.
-
-    None and unreadable answers are ignored.  Each answer joins the first
-    class (in order of creation) whose first member it equals; ties between
-    equally large classes go to the class whose first member came first, and
-    that first member is returned exactly as written."""
+def answer_classes(answers):
+    """The classes of mathematically equal answers, each a list of its members in order, the
+    classes in order of creation. None and unreadable answers are left out. Each answer joins the
+    first class whose first member it equals."""
     classes = []    # [first member's number or None, members...], in order of creation
     by_number = {}  # exact value -> the class of that plain number
     for answer in answers:
@@ -516,6 +513,14 @@ def majority_vote(answers):
             classes.append([number, answer])
             if number is not None:
                 by_number[number] = classes[-1]
+    return [members[1:] for members in classes]
+
+
+def majority_vote(answers):
+    """Representative of the largest class of equivalent answers (`answer_classes`), or None.
+    Ties between equally large classes go to the class whose first member came first, and that
+    first member is returned exactly as written."""
+    classes = answer_classes(answers)
     if not classes:
         return None
-    return max(classes, key=len)[1]  # max keeps the first of equally large classes
+    return max(classes, key=len)[0]  # max keeps the first of equally large classes

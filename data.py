@@ -1,8 +1,16 @@
 """Paired training data, evaluation benchmarks and prompts.
 
 A training example is a `Pair`: a question, its rephrasing (same mathematics and answer, new
-wording and scenario) and the gold answer. The gold answer is never used by the label-free
-rewards; it feeds the `gt` baseline and the metrics (rollout_acc, label_acc).
+wording and scenario; None in a plain question set) and the gold answer. The gold answer is never
+used by the label-free rewards; it feeds the `gt` baseline and the metrics (rollout_acc, label_acc).
+
+Training data (`load_training`): the pairs below, or, for the methods that train on the original
+questions only (`--views original`), a plain question set:
+- a parquet, JSON or JSONL file whose question column is one of QUESTION_COLUMNS (question,
+  problem, prompt) and whose answer column is one of ANSWER_COLUMNS (answer, solution,
+  ground_truth), the first found of each;
+- a shipped benchmark's questions (math500, gsm8k, ...): test-time training, as TTRL does, on the
+  questions it is then evaluated on; allowed, and the run says so (`test_time_training`).
 
 Training pairs (`load_pairs`), shipped in data/train/ or given as a path or a hub id:
 - 'openrs', 'math': one parquet of pairs with columns `original_question, rephrased_question,
@@ -36,6 +44,8 @@ SHIPPED_PAIRS = {"openrs": "train/openrs_pairs.parquet", "math": "train/math_pai
 SHIPPED_VERL_PAIRS = {"dapo": ("train/dapo_original.parquet", "train/dapo_rephrased.parquet"),
                       "amc_ttt": ("train/amc_ttt_original.parquet", "train/amc_ttt_rephrased.parquet")}
 PAIR_COLUMNS = ("original_question", "rephrased_question", "solution")
+QUESTION_COLUMNS = ("question", "problem", "prompt")
+ANSWER_COLUMNS = ("answer", "solution", "ground_truth")
 BENCHMARKS = {   # name: (file, the field holding the question; None for verl's format)
     "math500": ("eval/math500.json", "prompt"),
     "gsm8k": ("eval/gsm8k_test.jsonl", "question"),
@@ -50,7 +60,7 @@ BENCHMARKS = {   # name: (file, the field holding the question; None for verl's 
 @dataclass(frozen=True)
 class Pair:
     original: str
-    rephrased: str
+    rephrased: str | None           # None: a plain question, without a rephrased twin
     answer: str | None
 
 
@@ -103,7 +113,56 @@ def verl_answer(reward_model, where):
         raise ValueError(f"{where}: missing ground truth: `reward_model` has no 'ground_truth': {reward_model!r:.80}")
     return answer_text(reward_model["ground_truth"], where)
 
-# ------------------------------------------------------------------ training pairs
+# ------------------------------------------------------------------ training data
+
+
+def load_training(source, views):
+    """(pairs, test_time_training) for `--data source`: pairs when `views` is 'both' (each question
+    with its rephrasing), pairs or a plain question set (`rephrased` None) when it is 'original'."""
+    test_time = source in BENCHMARKS
+    if test_time:
+        pairs = [Pair(p.question, None, p.answer) for p in load_benchmark(source)]
+    elif source.endswith((".json", ".jsonl")):
+        pairs = question_set(source, json_records(source))
+    elif source.endswith(".parquet") and os.path.exists(source):
+        frame = read_parquet(source)
+        pairs = pairs_from_frame(frame, source) if "rephrased_question" in frame.columns else \
+            question_set(source, frame.to_dict("records"))
+    else:
+        pairs = load_pairs(source)
+    if views == "both" and any(p.rephrased is None for p in pairs):
+        raise ValueError(f"--data {source} has no rephrased questions, and --views both samples each question's "
+                         f"rephrasing too: give a pair file (columns {list(PAIR_COLUMNS)}; rephrase.py makes one), "
+                         f"or --views original (not for coreward1/coreward3, which need the twins)")
+    return pairs, test_time
+
+
+def json_records(path):
+    """The rows of a JSON file (a list of objects) or a JSONL file (an object per line)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no question file {path!r}")
+    with open(path) as f:
+        return json.load(f) if path.endswith(".json") else [json.loads(line) for line in f if line.strip()]
+
+
+def question_set(path, records):
+    """Plain questions (no rephrasings) from the rows of a question file."""
+    if not isinstance(records, list) or not records:
+        raise ValueError(f"{path}: expected a non-empty list of rows")
+    columns = set(records[0]) if isinstance(records[0], dict) else set()
+    question = next((c for c in QUESTION_COLUMNS if c in columns), None)
+    answer = next((c for c in ANSWER_COLUMNS if c in columns), None)
+    if question is None or answer is None:
+        raise ValueError(f"{path}: a question set needs a question column (one of {list(QUESTION_COLUMNS)}) and an "
+                         f"answer column (one of {list(ANSWER_COLUMNS)}); its columns are {sorted(columns)}")
+    pairs = []
+    for i, record in enumerate(records):
+        where = f"{path}: row {i}"
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: expected an object with {question!r} and {answer!r}, got {record!r:.80}")
+        pairs.append(Pair(question_text(record.get(question), f"{where}: {question}"), None,
+                          answer_text(record.get(answer), where)))
+    return report_unlabeled(pairs, path)
 
 
 def load_pairs(source):
@@ -235,8 +294,9 @@ def prompt_encoder(tokenizer, classroom):
 
 
 def drop_long(pairs, encode, max_prompt_len):
-    """Keep the pairs whose two prompts both fit; say how many were dropped."""
-    kept = [p for p in pairs if len(encode(p.original)) <= max_prompt_len and len(encode(p.rephrased)) <= max_prompt_len]
+    """Keep the pairs whose prompts (the rephrasing too, where there is one) fit; say how many were dropped."""
+    fits = lambda q: q is None or len(encode(q)) <= max_prompt_len
+    kept = [p for p in pairs if fits(p.original) and fits(p.rephrased)]
     if len(kept) < len(pairs):
         print(f"dropped {len(pairs) - len(kept)} of {len(pairs)} pairs whose prompt exceeds {max_prompt_len} tokens")
     if not kept:

@@ -21,15 +21,16 @@ distributions over the response (`certainty_per_token`):
     self_certainty   mean over response tokens of KL(Uniform || p)   (Intuitor)
     entropy          minus the mean token entropy                  (RENT)
 
-A step's groups come as one flat list over views: groups [0, P) are the original questions
-and [P, 2P) their rephrasings, so group i's twin is `twin(i) = (i + P) mod 2P`. All methods
-sample both views, so that they spend the same compute and differ in the reward alone; the
-baselines treat the two views as two independent questions.
+A step's groups come as one flat list: groups [0, P) are the original questions and, when the
+run samples both views (`--views both`: coreward1 and coreward3 always, the others on request),
+[P, 2P) their rephrasings, so group i's twin is `twin(i) = (i + P) mod 2P`. The other methods
+train on the original questions only by default, as the official scripts do; with both views
+they treat the two as independent questions.
 
 Departure from the official code: answers are compared and voted on as mathematics
 (answers.py), not as raw strings, so "\\frac12", "0.5" and "1/2" are one answer.
 """
-from answers import extract_answer, is_equiv, majority_vote  # noqa: F401  (re-exported API)
+from answers import answer_classes, extract_answer, is_equiv, majority_vote  # noqa: F401  (re-exported API)
 
 import math
 
@@ -53,14 +54,16 @@ def twin(i, n_groups):
 def labels_for(method, answers, ground_truth, teacher_answers=None):
     """One label per group.
 
-    answers: [2P][G] extracted answers (None where a response has none), originals first.
-    ground_truth: [2P] gold answers (used by `gt`, and by the metrics of every method).
-    teacher_answers: [2P][G] the teacher's answers to the same prompts (teacher methods only).
+    answers: [groups][G] extracted answers (None where a response has none), originals first, then
+      (coreward1, coreward3: always) their rephrasings.
+    ground_truth: [groups] gold answers (used by `gt`, and by the metrics of every method).
+    teacher_answers: [groups][G] the teacher's answers to the same prompts (teacher methods only).
     """
     check_method(method)
     n = len(answers)
-    if n % 2:
-        raise ValueError(f"expected an even number of groups (originals, then rephrasings), got {n}")
+    if method in ("coreward1", "coreward3") and n % 2:
+        raise ValueError(f"{method} needs each question's rephrasing: an even number of groups (originals, then "
+                         f"rephrasings), got {n}")
     if method in ANSWER_FREE_METHODS:
         raise ValueError(f"{method} has no labels: its reward comes from certainty_per_token")
     if method == "gt":
@@ -76,7 +79,7 @@ def labels_for(method, answers, ground_truth, teacher_answers=None):
 
 
 def rewards_for(answers, labels):
-    """[2P][G] rewards in {0, 1}: 1 when the answer equals the group's label."""
+    """[groups][G] rewards in {0, 1}: 1 when the answer equals the group's label."""
     return [[float(label is not None and a is not None and is_equiv(a, label)) for a in group]
             for group, label in zip(answers, labels)]
 
@@ -93,3 +96,18 @@ def certainty_per_token(method, logp_all):
     if method == "entropy":
         return torch.linalg.vecdot(logp_all.exp(), logp_all)
     raise ValueError(f"{method} is not an answer-free method ({', '.join(ANSWER_FREE_METHODS)})")
+
+
+def group_diagnostics(answers, rewards):
+    """What a run without labels can see of its groups, summed over the groups given (the caller
+    sums over ranks and divides by the number of groups):
+      unanimous:      groups whose every response answered, all with one answer;
+      distinct:       distinct answers (classes of equal answers; no answer is not one), summed;
+      zero_variance:  groups whose rewards are all equal: zero advantages, no learning signal.
+    answers: [groups][G] extracted answers (None: no answer); rewards: [groups, G]."""
+    classes = [answer_classes(group) for group in answers]
+    return {
+        "unanimous": sum(len(c) == 1 and len(c[0]) == len(group) for c, group in zip(classes, answers)),
+        "distinct": sum(len(c) for c in classes),
+        "zero_variance": int((rewards == rewards[:, :1]).all(-1).sum()),
+    }

@@ -33,6 +33,7 @@ Both sample with plain temperature: no top-k, no top-p, no generation config fro
 folder, so that the log-probs are those of the distribution the trainer optimises.
 """
 import hashlib
+import logging
 import os
 from dataclasses import dataclass
 
@@ -40,6 +41,17 @@ import torch
 
 # The vLLM engine runs in this process, not in a subprocess of its own.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# vLLM logs INFO lines at every weight load (about 140 in a default run), which break the progress bar:
+# warnings and errors only, unless the user chose a level. Read when vLLM is imported, so set it first.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+class RotaryIsNotAWeight(logging.Filter):
+    """vLLM's in-place reload warns at every load that the rotary embedding "failed to load weights":
+    its cos/sin table is computed from the config, never loaded, and vLLM puts it back unchanged.
+    The per-step sampler-gap check is what guards the sync."""
+    def filter(self, record):
+        return not (record.getMessage() == "RotaryEmbedding: Failed to load weights")
 
 
 @dataclass
@@ -88,6 +100,7 @@ class VLLMEngine:
                  cpu_kv_cache_gib=1.0):
         from vllm import LLM
         from vllm.config import SchedulerConfig
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(RotaryIsNotAWeight())
         self.max_prompt_len = max_prompt_len
         self.dtype = getattr(torch, dtype)            # the weights load_weights expects
         on_cpu = not torch.cuda.is_available()

@@ -5,8 +5,11 @@
     torchrun --nproc_per_node=8 train.py --method coreward1 --model Qwen/Qwen3-4B-Base --data openrs
 
 One step:
-1. take P question pairs (original q, rephrasing q'); each rank takes P / world_size of them;
-2. sample G responses to each view with the rollout engine (rollout.py);
+1. take P questions; each rank takes P / world_size of them. Co-rewarding-I (and coreward3) take
+   each with its rephrasing q' (`--views both`, the only choice for them); every other method
+   trains on the original questions only (`--views original`, its default), as the official
+   scripts do, and `--views both` gives it the twins as two independent questions;
+2. sample G responses to each question (and view) with the rollout engine (rollout.py);
 3. label each group and reward each response (rewards.py); for coreward1 the majority answer
    over the q' responses labels the q responses and vice versa; for coreward2 the EMA teacher
    (teacher.py) samples G responses per question too and its majority is the label; the
@@ -38,10 +41,12 @@ Presets: `classroom` (the default with no --model) runs the tiny world of world.
 `official` (the default with --model) is the paper's recipe; any flag given overrides its preset.
 """
 import argparse
+import dataclasses
 import functools
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import time
@@ -56,20 +61,20 @@ import data
 from eval import accuracies, benchmark_prompts, eval_counts
 from grpo import (NonFiniteError, StepConfig, full_weights, group_advantages, init_distributed, load_sharded, make_batch,
                   score_responses, train_step)
-from rewards import (ANSWER_FREE_METHODS, METHODS, TEACHER_METHODS, certainty_per_token, extract_answer, is_equiv,
-                     labels_for, rewards_for)
+from rewards import (ANSWER_FREE_METHODS, METHODS, TEACHER_METHODS, certainty_per_token, extract_answer,
+                     group_diagnostics, is_equiv, labels_for, rewards_for)
 from teacher import ema_decay, ema_update, teacher_rollout
 
 PRESETS = {
     "classroom": dict(
-        data="classroom", pairs_per_step=16, group_size=8, steps=60, lr=1e-4, weight_decay=0.0,
+        data="classroom", questions_per_step=16, group_size=8, steps=60, lr=1e-4, weight_decay=0.0,
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
         max_prompt_len=64, max_response_len=48, mini_batches=1, micro_batch_size=256,
         eval_data="classroom", eval_every=20, eval_k=8, eval_limit=200, eval_temperature=1.0, dtype="float32",
         cpu_kv_cache_gib=0.25, save_every=20, activation_checkpointing=False,
         max_tokens_per_micro_batch=4096),          # less padding: 1.2x faster updates on bench/classroom.py's batch
     "official": dict(
-        data="openrs", pairs_per_step=128, group_size=8, epochs=3, lr=3e-6, weight_decay=0.01,
+        data="openrs", questions_per_step=128, group_size=8, epochs=3, lr=3e-6, weight_decay=0.01,
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
         max_prompt_len=512, max_response_len=3072, mini_batches=2, micro_batch_size=2,
         max_tokens_per_micro_batch=16384,                          # fits 8 x 80 GB with room: bench/scale.py
@@ -79,16 +84,20 @@ PRESETS = {
 }
 # A method is a set of argument values: these override the preset unless given on the command line.
 METHOD_DEFAULTS = {
-    "coreward2": dict(kl_coef=0.001),       # the KL anchor is the EMA teacher, weaker than to the start model
-    "coreward3": dict(kl_coef=0.001),
+    "coreward1": dict(views="both"),         # each view's vote labels the other's responses
+    # the KL anchor is the EMA teacher, weaker than to the start model; one update per step, as the official code
+    "coreward2": dict(kl_coef=0.001, mini_batches=1),
+    "coreward3": dict(kl_coef=0.001, views="both"),
 }
+VIEWS = ("original", "both")
+TWO_VIEW_METHODS = ("coreward1", "coreward3")      # their labels come from the other view
 
 
 # The defaults of flags that neither the preset nor the method sets.
-DEFAULTS = dict(seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999, max_sampler_gap=0.1, keep_last=2,
+DEFAULTS = dict(views="original", seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999, max_sampler_gap=0.1, keep_last=2,
                 gpu_memory_utilization=0.3, defer_grad_sync=False)
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
-MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap")
+MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "wandb")
 # Flags that say how to start this process, not what the run is: not part of its configuration.
 NOT_CONFIG = ("resume", "overwrite")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
@@ -100,7 +109,12 @@ def build_parser(argument_default=None):
     ap.add_argument("--method", choices=METHODS, help="required, unless given by --resume's checkpoint")
     ap.add_argument("--model", help="a Hugging Face model folder (default: the classroom base model)")
     ap.add_argument("--preset", choices=list(PRESETS), help="default: classroom without --model, else official")
-    ap.add_argument("--data", help="'classroom', openrs, math, dapo, amc_ttt, a parquet of pairs, or a hub dataset id")
+    ap.add_argument("--data", help="'classroom', openrs, math, dapo, amc_ttt, a parquet of pairs, or a hub dataset id; "
+                                   "with --views original also a question set (.parquet/.json/.jsonl with question "
+                                   "and answer columns) or a benchmark's questions (test-time training)")
+    ap.add_argument("--views", choices=VIEWS,
+                    help="'original': train on the original questions; 'both': each with its rephrasing (what "
+                         "coreward1 and coreward3 need; the default for them, 'original' for the others)")
     ap.add_argument("--eval_data", help="'classroom' or a shipped benchmark (math500, gsm8k, amc, amc23, aime24, aime25)")
     ap.add_argument("--out", help="output folder (default: runs/METHOD)")
     ap.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier run in --out")
@@ -110,7 +124,8 @@ def build_parser(argument_default=None):
     ap.add_argument("--backend", choices=["vllm", "hf"], help="rollout engine (default vllm)")
     ap.add_argument("--steps", type=int, help="training steps (default: the preset's, or its epochs over the data)")
     ap.add_argument("--epochs", type=float)
-    ap.add_argument("--pairs_per_step", type=int, help="question pairs per step, over all ranks")
+    ap.add_argument("--questions_per_step", "--pairs_per_step", type=int,
+                    help="questions per step, over all ranks (with --views both, each with its rephrasing)")
     ap.add_argument("--group_size", type=int, help="G: responses per question and view")
     for name, kind in [("lr", float), ("weight_decay", float), ("warmup_ratio", float), ("max_grad_norm", float),
                        ("clip_eps", float), ("kl_coef", float), ("temperature", float), ("max_prompt_len", int),
@@ -132,6 +147,9 @@ def build_parser(argument_default=None):
                          "unsharded gradients in between: see the memory account in README)")
     ap.add_argument("--save_every", type=int, help="write a checkpoint every K steps and at the last (0: never)")
     ap.add_argument("--keep_last", type=int, help="keep the newest N checkpoints (0: all; default 2)")
+    ap.add_argument("--wandb", metavar="PROJECT",
+                    help="also log every record of metrics.jsonl to Weights & Biases, project PROJECT (wandb is not a "
+                         "requirement: pip install wandb; WANDB_MODE=offline works); a resumed run continues its run")
     ap.add_argument("--ema_start", type=float, help="the teacher's EMA decay at the first step (default 0.99)")
     ap.add_argument("--ema_end", type=float, help="... and at the last (default 0.9999; the official code: 0.99999)")
     ap.add_argument("--max_sampler_gap", type=float,
@@ -147,7 +165,7 @@ def parse_args(argv=None):
     if args.method is None and args.resume is None:
         ap.error("the following arguments are required: --method")
     args.preset = args.preset or ("classroom" if args.model is None else "official")
-    preset = {**PRESETS[args.preset], **METHOD_DEFAULTS.get(args.method, {}), **DEFAULTS}
+    preset = {**DEFAULTS, **PRESETS[args.preset], **METHOD_DEFAULTS.get(args.method, {})}     # later ones win
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -211,7 +229,7 @@ def check_settings(args, world_size):
     if not 0 < args.gpu_memory_utilization < 1:
         refuse(f"--gpu_memory_utilization {args.gpu_memory_utilization} must be between 0 and 1: the share of each "
                f"GPU vLLM takes; the trainer needs the rest")
-    for name in ("pairs_per_step", "mini_batches", "micro_batch_size", "eval_every", "eval_k", "max_prompt_len",
+    for name in ("questions_per_step", "mini_batches", "micro_batch_size", "eval_every", "eval_k", "max_prompt_len",
                  "max_response_len"):
         if getattr(args, name) < 1:
             refuse(f"--{name} {getattr(args, name)} must be at least 1")
@@ -232,12 +250,16 @@ def check_settings(args, world_size):
     if args.group_size < 2:
         refuse(f"--group_size {args.group_size} must be at least 2: advantages compare a response with the others "
                f"to its question (a group of one has no spread; the paper uses 8)")
-    if args.pairs_per_step % world_size:
-        refuse(f"--pairs_per_step {args.pairs_per_step} must be divisible by the {world_size} ranks")
-    sequences = args.pairs_per_step // world_size * 2 * args.group_size          # per rank: pairs x 2 views x G
+    if args.method in TWO_VIEW_METHODS and args.views != "both":
+        refuse(f"--method {args.method} labels each question's responses with its rephrasing's vote: it needs "
+               f"--views both, not --views {args.views}")
+    if args.questions_per_step % world_size:
+        refuse(f"--questions_per_step {args.questions_per_step} must be divisible by the {world_size} ranks")
+    views = 2 if args.views == "both" else 1
+    sequences = args.questions_per_step // world_size * views * args.group_size      # per rank: questions x views x G
     if sequences % args.mini_batches:
         refuse(f"--mini_batches {args.mini_batches} must divide the {sequences} sequences each rank trains on per "
-               f"step (--pairs_per_step {args.pairs_per_step} / {world_size} ranks x 2 views x --group_size "
+               f"step (--questions_per_step {args.questions_per_step} / {world_size} ranks x {views} view(s) x --group_size "
                f"{args.group_size})")
 
 
@@ -263,11 +285,59 @@ def claim_out(out, overwrite, rank):
                 os.remove(path)
 
 
+class NoWandb:
+    """The stand-in for a wandb run when --wandb is not given, and on ranks other than 0."""
+    def log(self, record, step):
+        pass
+
+    def finish(self):
+        pass
+
+
+def start_wandb(project, run_id, config):
+    """The wandb run `run_id` of `project`, continued if it exists (a resumed run). wandb is imported
+    only here, when --wandb is given."""
+    try:
+        import wandb
+    except ImportError:
+        raise ImportError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
+    return wandb.init(project=project, id=run_id, resume="allow", config=config)
+
+
+class CollapseWatch:
+    """Warns (it does not stop the run) when the label-free diagnostics signal a collapse: averaged
+    over the last WINDOW steps, at least THRESHOLD of the groups are unanimous (the policy says one
+    answer to each question, right or wrong), or have zero reward variance (no learning signal), or
+    at least THRESHOLD of the responses have no answer. It warns when the rule starts to hold, and
+    again only after it has stopped holding (a resumed run starts watching afresh)."""
+    WINDOW, THRESHOLD = 10, 0.8
+    KEYS = ("unanimous", "zero_variance", "no_answer")
+
+    def __init__(self):
+        self.history, self.firing = [], False
+
+    def update(self, record):
+        """The warning to print after this step's record, or None."""
+        self.history = (self.history + [record])[-self.WINDOW:]
+        if len(self.history) < self.WINDOW:
+            return None
+        means = {k: sum(r[k] for r in self.history) / self.WINDOW for k in self.KEYS}
+        signs = [f"{k} {v:.2f}" for k, v in means.items() if v >= self.THRESHOLD]
+        was, self.firing = self.firing, bool(signs)
+        if signs and not was:
+            return (f"warning: step {record['step']}: the policy may be collapsing ({', '.join(signs)} over the last "
+                    f"{self.WINDOW} steps, >= {self.THRESHOLD}): its groups stop disagreeing, and a label-free reward "
+                    f"then rewards whatever they agree on. Check eval_acc; consider stopping or a lower --lr")
+        return None
+
+
 class MetricsLog:
-    """Appends JSON lines on rank 0; a stand-in that does nothing on the other ranks. A new run
-    starts the file afresh; a resumed one keeps the records up to its checkpoint's step."""
-    def __init__(self, path, active, resume_step=None):
+    """Appends JSON lines on rank 0, and sends each record to wandb (`NoWandb` without --wandb); a
+    stand-in that does nothing on the other ranks. A new run starts the file afresh; a resumed one
+    keeps the records up to its checkpoint's step."""
+    def __init__(self, path, active, resume_step=None, wandb_run=None):
         self.path, self.active = path, active
+        self.wandb = wandb_run or NoWandb()
         if active and resume_step is None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             open(path, "w").close()
@@ -301,6 +371,7 @@ class MetricsLog:
         if self.active:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+            self.wandb.log(record, step=record["step"])
 
 
 def all_sum(values, device):
@@ -384,9 +455,15 @@ def main(argv=None):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # question -> prompt ids, encoded once: drop_long sees every prompt, the steps reuse them
     encode = functools.lru_cache(maxsize=None)(data.prompt_encoder(tokenizer, classroom))
-    pairs = data.drop_long(data.classroom_pairs("train") if classroom else data.load_pairs(args.data), encode, args.max_prompt_len)
+    pairs, args.test_time_training = (data.classroom_pairs("train"), False) if classroom else \
+        data.load_training(args.data, args.views)
+    if args.test_time_training and rank == 0:
+        print(f"test-time training: the training questions are {args.data}'s test questions (as TTRL)")
+    if args.views == "original":                      # the rephrasings are not sampled: not read, not checked
+        pairs = [dataclasses.replace(p, rephrased=None) for p in pairs]
+    pairs = data.drop_long(pairs, encode, args.max_prompt_len)
     if args.steps is None:
-        args.steps = max(1, int(args.epochs * len(pairs) / args.pairs_per_step))
+        args.steps = max(1, int(args.epochs * len(pairs) / args.questions_per_step))
     eval_prompts, eval_gold = benchmark_prompts(tokenizer, args.eval_data, args.eval_limit, args.max_prompt_len)
     eval_indices = range(rank, len(eval_prompts), world_size)     # each rank evaluates its share
     eval_prompts, eval_gold = eval_prompts[rank::world_size], eval_gold[rank::world_size]
@@ -414,8 +491,10 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     shuffle = torch.Generator().manual_seed(args.seed)
     order, cursor, start = torch.randperm(len(pairs), generator=shuffle).tolist(), 0, 0
+    wandb_id = secrets.token_hex(4)                               # kept in checkpoints: a resumed run continues it
     if resume is not None:
         state = checkpoint.load(resume, policy, optimizer, teacher)
+        wandb_id = state.get("wandb_id") or wandb_id
         scheduler.load_state_dict(state["scheduler"])
         shuffle.set_state(state["shuffle"])
         order, cursor, start = state["order"], state["cursor"], state["step"]
@@ -423,7 +502,10 @@ def main(argv=None):
         if rank == 0:
             prepare_resume(args.out, start, args.steps)
             print(f"resumed from {resume} (step {start} of {args.steps})")
-    log = MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0, resume_step=start if resume else None)
+    wandb_run = start_wandb(args.wandb, wandb_id, config_of(args)) if args.wandb and rank == 0 else None
+    log = MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0, resume_step=start if resume else None,
+                     wandb_run=wandb_run)
+    watch = CollapseWatch()
     if rank == 0:
         print(json.dumps(config_of(args), indent=1))
         with open(os.path.join(args.out, "config.json"), "w") as f:
@@ -438,7 +520,8 @@ def main(argv=None):
         return record
 
     def save(step):
-        trainer_state = {"scheduler": scheduler.state_dict(), "order": order, "cursor": cursor, "shuffle": shuffle.get_state()}
+        trainer_state = {"scheduler": scheduler.state_dict(), "order": order, "cursor": cursor, "shuffle": shuffle.get_state(),
+                         "wandb_id": wandb_id}
         t0 = time.perf_counter()
         path = checkpoint.save(args.out, step, policy, optimizer, teacher, trainer_state, config_of(args), tokenizer,
                                args.keep_last)
@@ -447,21 +530,22 @@ def main(argv=None):
 
     if start == 0:
         run_eval(0)
-    per_rank = args.pairs_per_step // world_size
+    per_rank = args.questions_per_step // world_size
     signals, stopped = StopSignals(), False
     bar = tqdm(range(start + 1, args.steps + 1), disable=rank != 0, desc=args.method, initial=start, total=args.steps)
     try:
         for step in bar:
-            if cursor + args.pairs_per_step > len(order):              # a new epoch
+            if cursor + args.questions_per_step > len(order):              # a new epoch
                 order, cursor = torch.randperm(len(pairs), generator=shuffle).tolist(), 0
             indices = order[cursor + rank * per_rank: cursor + (rank + 1) * per_rank]    # this rank's questions
             mine = [pairs[i] for i in indices]
-            cursor += args.pairs_per_step
+            cursor += args.questions_per_step
 
             t0 = time.perf_counter()
-            # originals, then rephrasings; each request seeded by who samples which question at which step
-            prompts = [encode(p.original) for p in mine] + [encode(p.rephrased) for p in mine]
-            seeds = lambda role: [request_seed(args.seed, role, step, i, view) for view in (0, 1) for i in indices]
+            # originals, then (--views both) rephrasings; each request seeded by who samples which question at which step
+            views = (0, 1) if args.views == "both" else (0,)
+            prompts = [encode(p.rephrased if view else p.original) for view in views for p in mine]
+            seeds = lambda role: [request_seed(args.seed, role, step, i, view) for view in views for i in indices]
             groups = engine.generate(prompts, args.group_size, args.temperature, args.max_response_len, seeds=seeds("policy"))
 
             teacher_answers = None
@@ -472,7 +556,7 @@ def main(argv=None):
                 teacher_answers = [[extract_answer(s.text) for s in g] for g in teacher_groups]
             t1 = time.perf_counter()
 
-            gold = [p.answer for p in mine] * 2
+            gold = [p.answer for p in mine] * len(views)
             answers = [[extract_answer(s.text) for s in g] for g in groups]
             batch = make_batch([s for g in groups for s in g], tokenizer.pad_token_id or 0, device)
             if args.method in ANSWER_FREE_METHODS:
@@ -503,12 +587,16 @@ def main(argv=None):
                 "correct": sum(is_equiv(a, g) for group, g in zip(answers, gold) for a in group),
                 "no_answer": sum(a is None for group in answers for a in group),
                 "label_correct": sum(is_equiv(label, g) for label, g in zip(labels or [], gold)),
+                **group_diagnostics(answers, rewards),
             }, device)
             n, tokens = sums["responses"], sums["tokens"]
             record = {
                 "step": step, "responses": int(n), "reward": sums["reward"] / n, "rollout_acc": sums["correct"] / n,
                 "label_acc": None if labels is None else sums["label_correct"] / sums["groups"],
                 "no_answer": sums["no_answer"] / n,
+                # label-free: what a run without labels can watch (CollapseWatch)
+                "unanimous": sums["unanimous"] / sums["groups"], "distinct_answers": sums["distinct"] / sums["groups"],
+                "zero_variance": sums["zero_variance"] / sums["groups"],
                 "kl": sums["kl_sum"] / tokens, "entropy": sums["entropy_sum"] / tokens,
                 "response_len": tokens / n, "clip_frac": sums["clipped_sum"] / tokens,
                 "grad_norm": stats["grad_norm"], "lr": lr,
@@ -517,6 +605,9 @@ def main(argv=None):
                 **({"ema_alpha": alpha} if teacher is not None else {}),
             }
             log.write(record)
+            warning = watch.update(record)
+            if warning and rank == 0:
+                tqdm.write(warning)
             bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
                             label_acc="-" if labels is None else f"{record['label_acc']:.2f}")
             if not record["sampler_gap"] <= args.max_sampler_gap:
@@ -545,6 +636,7 @@ def main(argv=None):
                 print(f"saved {final}")
     finally:
         signals.restore()
+        log.wandb.finish()
     dist.barrier()
     engine.close()
     if dist.is_initialized():

@@ -269,3 +269,40 @@ def test_questions_to_rephrase_come_from_a_file_or_a_shipped_set(tmp_path):
     pd.DataFrame({"text": ["What is 2+3?"]}).to_parquet(path)
     with pytest.raises(ValueError, match="questions.parquet: no 'question' or 'problem' column"):
         rephrase.load_questions(path)
+
+
+def test_a_question_set_in_each_format_loads_with_its_named_columns(tmp_path):
+    """Plain questions (no rephrasings) from JSON, JSONL or parquet, under any of the accepted
+    column names; an empty answer is kept unlabeled."""
+    rows = [{"question": "What is 1+1?", "answer": "2"}, {"question": "What is 2+3?", "answer": 5.0},
+            {"question": "And 4+4?", "answer": ""}]
+    (tmp_path / "q.json").write_text(json.dumps(rows))
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps({"problem": r["question"], "solution": r["answer"]}) + "\n"
+                                              for r in rows))
+    pd.DataFrame([{"prompt": r["question"], "ground_truth": str(r["answer"])} for r in rows]).to_parquet(tmp_path / "q.parquet")
+    for name in ("q.json", "q.jsonl", "q.parquet"):
+        pairs, test_time = data.load_training(str(tmp_path / name), "original")
+        assert [(p.original, p.rephrased, p.answer) for p in pairs] == \
+            [("What is 1+1?", None, "2"), ("What is 2+3?", None, "5"), ("And 4+4?", None, None)], name
+        assert not test_time
+    assert data.QUESTION_COLUMNS == ("question", "problem", "prompt")
+    assert data.ANSWER_COLUMNS == ("answer", "solution", "ground_truth")
+
+
+def test_a_question_set_without_its_columns_or_rephrasings_is_refused(tmp_path):
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "What is 1+1?", "answer": "2"}) + "\n")
+    with pytest.raises(ValueError, match=r"needs a question column \(one of \['question', 'problem', 'prompt'\]\)"):
+        data.load_training(str(tmp_path / "bad.jsonl"), "original")
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question": "What is 1+1?", "answer": "2"}) + "\n")
+    with pytest.raises(ValueError, match="has no rephrased questions, and --views both"):
+        data.load_training(str(tmp_path / "q.jsonl"), "both")
+
+
+def test_training_on_a_benchmark_is_test_time_training():
+    pairs, test_time = data.load_training("amc23", "original")
+    assert test_time and len(pairs) == 40 and all(p.rephrased is None for p in pairs)
+    assert [p.original for p in pairs] == [p.question for p in data.load_benchmark("amc23")]
+    with pytest.raises(ValueError, match="has no rephrased questions"):
+        data.load_training("amc23", "both")
+    pairs, test_time = data.load_training("openrs", "original")            # a pair file: rephrasings kept
+    assert not test_time and pairs[0].rephrased is not None

@@ -50,7 +50,7 @@ def test_the_converted_model_computes_what_the_gguf_file_does(smollm_dir):
 def test_two_coreward1_steps_on_openrs(smollm_dir, tmp_path):
     out = tmp_path / "run"
     run("train.py", "--method", "coreward1", "--model", smollm_dir, "--data", "openrs", "--steps", "2",
-        "--pairs_per_step", "4", "--group_size", "4", "--max_response_len", "128", "--eval_limit", "4",
+        "--questions_per_step", "4", "--group_size", "4", "--max_response_len", "128", "--eval_limit", "4",
         "--eval_k", "2", "--mini_batches", "1", "--dtype", "float32", "--out", str(out), timeout=900)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if "reward" in x] == [1, 2]

@@ -61,3 +61,18 @@ def test_bad_input_is_refused_clearly():
         labels_for("ttrl", ANSWERS, GOLD)
     with pytest.raises(ValueError, match="even number of groups"):
         labels_for("coreward1", ANSWERS[:3], GOLD[:3])
+
+
+def test_label_free_diagnostics_by_hand():
+    """Unanimous: every response answered, one answer among them ("1/2" and "0.5" are one); distinct
+    answers: classes of equal answers, no answer not counted; zero variance: all rewards equal."""
+    import torch
+    from rewards import group_diagnostics
+    answers = [
+        ["1/2", "0.5", "\\frac12", "1/2"],    # unanimous, 1 distinct
+        ["3", "3", None, "3"],                # one answer but a response without: not unanimous; 1 distinct
+        ["1", "2", "3", "2"],                 # 3 distinct
+        [None, None, None, None],             # 0 distinct
+    ]
+    rewards = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    assert group_diagnostics(answers, rewards) == {"unanimous": 1, "distinct": 5, "zero_variance": 2}

@@ -24,9 +24,10 @@ from teacher import ema_decay
 
 METHODS = ["gt", "majority", "coreward1", "coreward2", "coreward3", "self_certainty", "entropy"]
 TEACHER_METHODS = ["coreward2", "coreward3"]
+TWO_VIEW = ["coreward1", "coreward3"]              # the others train on the original questions by default
 ANSWER_FREE = ["self_certainty", "entropy"]
 PAIRS, G, STEPS, EVAL_LIMIT = 8, 4, 2, 16
-SHORT = ["--steps", str(STEPS), "--pairs_per_step", str(PAIRS), "--group_size", str(G), "--eval_limit", str(EVAL_LIMIT),
+SHORT = ["--steps", str(STEPS), "--questions_per_step", str(PAIRS), "--group_size", str(G), "--eval_limit", str(EVAL_LIMIT),
          "--eval_every", "2"]
 
 
@@ -83,7 +84,7 @@ def run_in_process(out, method, *extra):
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
-    """Each method's run, made once: 2 steps of 8 pairs x 2 views x G=4, evaluations at steps 0
+    """Each method's run, made once: 2 steps of 8 questions (x 2 views for coreward1/3) x G=4, evaluations at steps 0
     and 2. Each writes over a stale run with --overwrite."""
     runs = {}
 
@@ -114,7 +115,7 @@ def test_every_method_trains_and_logs_each_step(short_run, method):
     lr = train.PRESETS["classroom"]["lr"]
     schedule = train.cosine_with_warmup(STEPS, train.PRESETS["classroom"]["warmup_ratio"])
     for record, call in zip(run.step_records, run.steps):
-        assert record["responses"] == PAIRS * 2 * G
+        assert record["responses"] == PAIRS * (2 if method in TWO_VIEW else 1) * G
         # the engine runs the trainer's current weights (float32 on both sides: ~1e-7), not the teacher's left
         # from the previous step's teacher rollout
         assert record["sampler_gap"] < 1e-5
@@ -259,12 +260,14 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
     (["--steps", "0"], 1, "--steps 0 must be at least 1"),
     (["--steps", "-3"], 1, "--steps -3 must be at least 1"),
     (["--eval_every", "0"], 1, "--eval_every 0 must be at least 1"),
-    (["--pairs_per_step", "9"], 2, "--pairs_per_step 9 must be divisible by the 2 ranks"),
-    (["--pairs_per_step", "8", "--group_size", "4", "--mini_batches", "3"], 2,
+    (["--pairs_per_step", "9"], 2, "--questions_per_step 9 must be divisible by the 2 ranks"),
+    (["--questions_per_step", "8", "--group_size", "4", "--mini_batches", "3"], 2,
      "--mini_batches 3 must divide the 32 sequences each rank trains on per step"),
     (["--mini_batches", "0"], 1, "--mini_batches 0 must be at least 1"),
     (["--micro_batch_size", "0"], 1, "--micro_batch_size 0 must be at least 1"),
-    (["--pairs_per_step", "0"], 1, "--pairs_per_step 0 must be at least 1"),
+    (["--questions_per_step", "0"], 1, "--questions_per_step 0 must be at least 1"),
+    (["--views", "original"], 1, "--method coreward1 labels each question's responses with its rephrasing's vote: it "
+                                 "needs --views both, not --views original"),
     (["--eval_k", "0"], 1, "--eval_k 0 must be at least 1"),
     (["--max_response_len", "0"], 1, "--max_response_len 0 must be at least 1"),
     (["--max_prompt_len", "0"], 1, "--max_prompt_len 0 must be at least 1"),
@@ -315,3 +318,132 @@ def test_prompt_limit_too_small_is_refused(tmp_path):
     res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--method", "coreward1", "--max_prompt_len",
                           "10", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and "every pair's prompt exceeds --max_prompt_len 10" in res.stderr
+
+
+def _trajectory(unanimous, zero_variance, no_answer=0.0):
+    return [{"step": i + 1, "unanimous": u, "zero_variance": z, "no_answer": no_answer}
+            for i, (u, z) in enumerate(zip(unanimous, zero_variance))]
+
+
+def test_the_collapse_warning_fires_on_a_collapsing_run_and_not_on_a_healthy_one():
+    """The rule: a mean over the last 10 steps of unanimous groups, zero-variance groups or
+    responses without an answer at 0.8 or more. A run whose groups come to agree (unanimous 0.1 ->
+    1.0 over 30 steps) is warned once, at the step where the 10-step mean reaches 0.8; a healthy run
+    (a third of its groups unanimous, half without reward spread) never is; a run that stops
+    answering is warned too."""
+    collapsing = _trajectory([min(1.0, 0.1 + 0.03 * i) for i in range(40)], [min(1.0, 0.2 + 0.03 * i) for i in range(40)])
+    watch = train.CollapseWatch()
+    warned = [(r["step"], w) for r in collapsing if (w := watch.update(r))]
+    # zero_variance at step s is 0.2 + 0.03 (s - 1): its mean over steps 17..26 is 0.2 + 0.03 x 20.5 = 0.815,
+    # the first window at 0.8 or more (steps 16..25: 0.785), printed 0.82; unanimous stays 0.1 lower
+    assert [s for s, _ in warned] == [26] and "zero_variance 0.82" in warned[0][1] and "collapsing" in warned[0][1]
+    healthy = _trajectory([0.3 + 0.05 * (i % 3) for i in range(60)], [0.5 + 0.1 * (i % 2) for i in range(60)])
+    watch = train.CollapseWatch()
+    assert not any(watch.update(r) for r in healthy)
+    silent = _trajectory([0.0] * 20, [0.3] * 20, no_answer=0.9)
+    watch = train.CollapseWatch()
+    assert [r["step"] for r in silent if watch.update(r)] == [10]
+
+
+class FakeWandb:
+    """A stand-in for the wandb module: records init's arguments and every log call."""
+    def __init__(self):
+        self.inits, self.logged = [], []
+
+    def init(self, project, id, resume, config):
+        self.inits.append({"project": project, "id": id, "resume": resume, "config": config})
+        return self
+
+    def log(self, record, step):
+        self.logged.append((step, dict(record)))
+
+    def finish(self):
+        pass
+
+
+def test_wandb_logs_what_metrics_jsonl_holds_and_a_resumed_run_continues_its_run(tmp_path, monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    out = tmp_path / "run"
+    run = run_in_process(out, "majority", *SHORT, "--steps", "3", "--save_every", "2", "--wandb", "proj")
+    assert run.error is None
+    assert fake.inits[0]["project"] == "proj" and fake.inits[0]["config"]["method"] == "majority"
+    assert [record for _, record in fake.logged] == run.lines               # every record, the same keys
+    assert [step for step, _ in fake.logged] == [record["step"] for record in run.lines]
+    run_id = fake.inits[0]["id"]
+    resumed = run_in_process(out, "majority", "--resume", os.path.join(str(out), "checkpoints", "step_2"))
+    assert resumed.error is None
+    assert fake.inits[1]["id"] == run_id and fake.inits[1]["resume"] == "allow"
+    assert [step for step, record in fake.logged[len(run.lines):] if "reward" in record] == [3]
+
+
+def test_wandb_is_not_needed_without_the_flag(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)          # `import wandb` fails
+    with pytest.raises(ImportError, match="--wandb needs the wandb package"):
+        train.start_wandb("proj", "abc", {})
+
+
+def test_a_default_run_prints_no_vllm_info_lines(tmp_path):
+    """vLLM's INFO lines (one set per weight load) are off unless VLLM_LOGGING_LEVEL says otherwise."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--method", "coreward1", "--out",
+                          str(tmp_path / "run"), *SHORT], cwd=ROOT, capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    output = res.stdout + res.stderr
+    assert "eval @ step 2" in output
+    assert not [line for line in output.splitlines() if " INFO " in line]
+    assert "Failed to load weights" not in output
+
+
+def _prompts_of(call):
+    """The prompt of each row of a step's batch, as token ids (the positions before the first response token)."""
+    return [tuple(ids[:int(m.nonzero()[0]) + 1].tolist()) for ids, m in zip(call["input_ids"], call["mask"])]
+
+
+def _encoded_questions():
+    from transformers import AutoTokenizer
+    import data
+    encode = data.prompt_encoder(AutoTokenizer.from_pretrained(world.base_model_dir()), True)
+    pairs = data.classroom_pairs("train")
+    return {tuple(encode(p.original)) for p in pairs}, {tuple(encode(p.rephrased)) for p in pairs}
+
+
+def test_coreward2_trains_on_the_original_questions_one_group_each(short_run):
+    """As the official scripts: the student samples G responses to each of the step's questions,
+    never their rephrasings, and takes one update per step."""
+    run = short_run("coreward2")
+    originals, rephrased = _encoded_questions()
+    for call in run.steps:
+        prompts = _prompts_of(call)
+        assert len(prompts) == PAIRS * G and len(set(prompts)) == PAIRS        # 8 groups of G rows
+        assert all(p in originals and p not in rephrased for p in prompts)
+    assert train.parse_args(["--method", "coreward2", "--model", "m"]).mini_batches == 1      # official: one update
+    assert train.parse_args(["--method", "coreward1", "--model", "m"]).mini_batches == 2
+
+
+def test_views_both_gives_a_baseline_the_rephrasings(tmp_path):
+    """--views both: each question and its rephrasing, two groups per question, as every method did
+    before the views were a setting."""
+    run = run_in_process(tmp_path / "both", "coreward2", *SHORT, "--steps", "1", "--views", "both")
+    assert run.error is None
+    originals, rephrased = _encoded_questions()
+    prompts = _prompts_of(run.steps[0])
+    assert len(prompts) == PAIRS * 2 * G and run.step_records[0]["responses"] == PAIRS * 2 * G
+    half = len(prompts) // 2
+    assert all(p in originals for p in prompts[:half]) and all(p in rephrased for p in prompts[half:])
+
+
+def test_a_single_view_method_runs_on_a_question_set_without_rephrasings(tmp_path):
+    """A JSONL file of questions and answers, no rephrasings: coreward2 trains on it; coreward1,
+    which needs the rephrasings, is refused with a message."""
+    import data
+    path = tmp_path / "questions.jsonl"
+    with open(path, "w") as f:
+        for p in data.classroom_pairs("train")[:40]:
+            f.write(json.dumps({"problem": p.original, "answer": p.answer}) + "\n")
+    flags = [*SHORT, "--steps", "1", "--data", str(path), "--max_prompt_len", "64"]
+    run = run_in_process(tmp_path / "c2", "coreward2", *flags)
+    assert run.error is None and run.step_records[0]["responses"] == PAIRS * G
+    refused = run_in_process(tmp_path / "c1", "coreward1", *flags)
+    assert isinstance(refused.error, ValueError) and "has no rephrased questions" in str(refused.error)
