@@ -80,7 +80,7 @@ def main():
     model_dir = args.model or world.base_model_dir()
     # the classroom preset's step, or the README's CPU step of a real model
     flags = ["--steps", "4", "--eval_limit", "8", "--eval_every", "100"] if args.model is None else \
-        ["--steps", "3", "--data", "openrs", "--pairs_per_step", "4", "--group_size", "4", "--max_response_len", "128",
+        ["--steps", "3", "--data", "openrs", "--questions_per_step", "4", "--group_size", "4", "--max_response_len", "128",
          "--eval_limit", "4", "--eval_every", "100", "--dtype", "float32"]
     save_every = train.PRESETS["classroom" if args.model is None else "official"]["save_every"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,7 +14,7 @@ lr 1e-4, KL coefficient 0.005 to the start model, fp32, one optimizer update a s
 (token mean over the batch: TRL's loss_type="dapo"), reward 1 when the \\boxed answer equals the
 gold one (the `gt` method; TRL gets rewards.extract_answer / rewards.is_equiv), no evaluation.
 
-- Ours: `train.py --method gt --steps N --eval_every 1000 --save_every 0` (its classroom preset; the
+- Ours: `train.py --method gt --views both --steps N --eval_every 1000 --save_every 0` (its classroom preset; the
   evaluations at step 0 and N, with --eval_limit 16, fall outside the step timings). Per step from
   metrics.jsonl: t_rollout (vLLM sampling), t_train (rewards, the reference forward, the policy's
   forward and backward, the optimizer) and t_sync (loading the new weights into vLLM). train.py
@@ -120,7 +120,7 @@ def run_ours(steps, tmp):
     cmd = [sys.executable, "-c", OURS_LAUNCHER, shapes, os.path.join(ROOT, "train.py"),
            "--method", "gt", "--steps", str(steps), "--eval_every", "1000", "--eval_limit", "16",
            "--save_every", "0", "--out", out, "--overwrite", "--seed", str(SETTING["seed"]),
-           "--pairs_per_step", str(SETTING["pairs"]), "--group_size", str(SETTING["group_size"]),
+           "--questions_per_step", str(SETTING["pairs"]), "--views", "both", "--group_size", str(SETTING["group_size"]),
            "--max_response_len", str(SETTING["max_response_len"]), "--temperature", str(SETTING["temperature"]),
            "--lr", str(SETTING["lr"]), "--kl_coef", str(SETTING["kl_coef"]), "--mini_batches", "1",
            "--micro_batch_size", str(2 * SETTING["pairs"] * SETTING["group_size"]), "--dtype", "float32"]
