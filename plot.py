@@ -1,0 +1,110 @@
+"""Figures of runs: each method's mean over seeds, with its min-max band, against the step.
+
+    python plot.py runs/study/*/ --out figures/
+
+Each RUN_DIR holds a run's metrics.jsonl and config.json (train.py writes both); the method and the
+seed come from config.json. Runs of the same method are its seeds: at each step that every one of
+them has logged, the figure draws their mean and shades the band from their minimum to their
+maximum (a run still going limits its method to the steps it has reached).
+
+Figures (PNG, matplotlib's Agg backend, so no display is needed):
+- eval.png: avg@k (`eval_acc`), greedy and maj@k on the evaluation set;
+- train.png: reward, label_acc, rollout_acc, response_len, entropy, and, where the runs logged
+  them, the label-free diagnostics unanimous, distinct_answers and zero_variance.
+
+`series(runs, key)` returns what a panel draws, so that tests can check the numbers, not pixels.
+"""
+import argparse
+import json
+import os
+from collections import defaultdict
+
+EVAL_KEYS = (("eval_acc", "avg@k"), ("eval_greedy", "greedy"), ("eval_maj", "maj@k"))
+TRAIN_KEYS = (("reward", "reward"), ("label_acc", "label accuracy"), ("rollout_acc", "rollout accuracy"),
+              ("response_len", "response tokens"), ("entropy", "entropy"), ("unanimous", "unanimous groups"),
+              ("distinct_answers", "distinct answers per group"), ("zero_variance", "zero-variance groups"))
+
+
+def read_run(path):
+    """(method, seed, records) of a run folder."""
+    config_path, metrics_path = os.path.join(path, "config.json"), os.path.join(path, "metrics.jsonl")
+    for p in (config_path, metrics_path):
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"{path} is not a run folder: no {os.path.basename(p)} (train.py writes it)")
+    config = json.load(open(config_path))
+    records = []
+    for i, line in enumerate(open(metrics_path)):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise ValueError(f"{metrics_path} line {i + 1} is not JSON (a run killed mid-write leaves its last "
+                             f"line cut: resume it, or remove that line)") from None
+    return config["method"], config["seed"], records
+
+
+def series(runs, key):
+    """{method: (steps, mean, low, high)} of `key` over the runs [(method, seed, records)]: at each
+    step every seed of the method logged `key` (not None), the mean, minimum and maximum over seeds.
+    Methods that never logged it are left out."""
+    by_method = defaultdict(list)                  # method -> [{step: value}] one per seed
+    for method, _, records in runs:
+        by_method[method].append({r["step"]: r[key] for r in records if r.get(key) is not None})
+    out = {}
+    for method, seeds in by_method.items():
+        steps = sorted(set.intersection(*(set(s) for s in seeds)))
+        if steps:
+            values = [[s[step] for s in seeds] for step in steps]
+            out[method] = (steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values])
+    return out
+
+
+def figure(runs, keys, path, title):
+    """One panel per key that some run logged; one line and band per method."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [(key, label, s) for key, label in keys if (s := series(runs, key))]
+    if not panels:
+        return None
+    cols = min(3, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    methods = sorted({m for _, _, s in panels for m in s})
+    colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
+    seeds = defaultdict(set)
+    for method, seed, _ in runs:
+        seeds[method].add(seed)
+    for ax, (key, label, s) in zip(axes.flat, panels):
+        for method, (steps, mean, low, high) in sorted(s.items()):
+            ax.plot(steps, mean, color=colors[method], label=f"{method} ({len(seeds[method])} seed(s))", lw=1.5)
+            ax.fill_between(steps, low, high, color=colors[method], alpha=0.2, lw=0)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("step", fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (metrics.jsonl and config.json)")
+    ap.add_argument("--out", required=True, help="folder for eval.png and train.png")
+    args = ap.parse_args(argv)
+    runs = [read_run(path) for path in args.runs]
+    os.makedirs(args.out, exist_ok=True)
+    written = [figure(runs, EVAL_KEYS, os.path.join(args.out, "eval.png"), "evaluation (mean over seeds, min-max band)"),
+               figure(runs, TRAIN_KEYS, os.path.join(args.out, "train.png"), "training (mean over seeds, min-max band)")]
+    for path in filter(None, written):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

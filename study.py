@@ -1,0 +1,113 @@
+"""The stability study: every method over several seeds, their figures, and a table.
+
+    python study.py --steps 300 --seeds 3 --out study/default            # hours on 2 cores
+    python study.py --steps 300 --seeds 3 --out study/lr1e-3 -- --lr 1e-3  # flags after -- go to train.py
+
+Each (method, seed) is one `train.py` run in OUT/runs/METHOD_sSEED, one after another. The study
+can be stopped and started again at will, as the run checkpoints let it go on where it stopped:
+- a run with a final model is finished: skipped;
+- a run with a complete checkpoint is continued (`--resume`: it samples exactly what the
+  uninterrupted run would have);
+- any other run starts afresh (`--overwrite`).
+
+After the runs (and with --plot-only, from whatever the runs have logged so far) it draws
+OUT/eval.png and OUT/train.png (plot.py) and writes OUT/table.md: for each method, the first,
+best and last evaluation of avg@k, greedy and maj@k, as the mean over seeds and the min-max over
+seeds.
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+import checkpoint
+import plot
+from rewards import METHODS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_dir(out, method, seed):
+    return os.path.join(out, "runs", f"{method}_s{seed}")
+
+
+def plan(path):
+    """What to do with the run in `path`: 'skip' (finished), 'resume' (has a checkpoint) or 'start'."""
+    if os.path.exists(os.path.join(path, "final", "config.json")):
+        return "skip"
+    if checkpoint.latest(path) is not None:
+        return "resume"
+    return "start"
+
+
+def command(path, method, seed, steps, extra):
+    """The train.py command for a run, by its plan (None: nothing to do)."""
+    action = plan(path)
+    if action == "skip":
+        return None
+    base = [sys.executable, os.path.join(HERE, "train.py"), "--out", path]
+    if action == "resume":
+        return base + ["--resume"]
+    return base + ["--method", method, "--seed", str(seed), "--steps", str(steps), "--overwrite", *extra]
+
+
+def table(runs):
+    """Markdown: per method, the first, best and last evaluation of each metric, mean over seeds
+    (min-max in brackets when there are several)."""
+    metrics = [key for key, _ in plot.EVAL_KEYS]
+    labels = [label for _, label in plot.EVAL_KEYS]
+    lines = ["| method | seeds | step (last) | " + " | ".join(f"{m} first / best / last" for m in labels) + " |",
+             "|---|---|---|" + "---|" * len(metrics)]
+    seeds = {}
+    for method, seed, _ in runs:
+        seeds.setdefault(method, set()).add(seed)
+    for method in sorted(seeds, key=lambda m: METHODS.index(m) if m in METHODS else len(METHODS)):
+        cells, last_step = [], None
+        for key in metrics:
+            steps, mean, low, high = plot.series(runs, key).get(method, ([], [], [], []))
+            if not steps:
+                cells.append("–")
+                continue
+            last_step = steps[-1]
+            best = max(range(len(mean)), key=lambda i: mean[i])
+            spread = lambda i: f" ({low[i]:.3f}–{high[i]:.3f})" if len(seeds[method]) > 1 else ""
+            cells.append(" / ".join(f"{mean[i]:.3f}{spread(i)}" for i in (0, best, len(mean) - 1)))
+        lines.append(f"| `{method}` | {len(seeds[method])} | {last_step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="the study's folder (runs/, figures, table.md)")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated (default: all seven)")
+    ap.add_argument("--plot-only", action="store_true", help="draw and tabulate what the runs have logged; run nothing")
+    ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags for every train.py run")
+    args = ap.parse_args(argv)
+    extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        ap.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    paths = [(m, s, run_dir(args.out, m, s)) for s in range(args.seeds) for m in methods]
+    if not args.plot_only:
+        for method, seed, path in paths:
+            cmd = command(path, method, seed, args.steps, extra)
+            if cmd is None:
+                print(f"{method} seed {seed}: finished, skipped")
+                continue
+            print(f"{method} seed {seed}: {plan(path)} -> {' '.join(cmd[1:])}", flush=True)
+            subprocess.run(cmd, check=True)
+    logged = [path for _, _, path in paths if os.path.exists(os.path.join(path, "metrics.jsonl"))]
+    if not logged:
+        sys.exit(f"no run in {args.out} has logged anything yet")
+    runs = [plot.read_run(path) for path in logged]
+    plot.main([*logged, "--out", args.out])
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(table(runs))
+    print(open(os.path.join(args.out, "table.md")).read())
+
+
+if __name__ == "__main__":
+    main()

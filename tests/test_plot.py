@@ -1,0 +1,83 @@
+"""plot.py: the series it draws from synthetic runs, and the files it writes."""
+import json
+import os
+
+import pytest
+
+import plot
+
+
+def _run(tmp_path, name, method, seed, rewards, evals, extra=None):
+    """A run folder: config.json, and metrics.jsonl with a record per step and per evaluation."""
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"method": method, "seed": seed}))
+    lines = [{"step": s, "eval_acc": a, "eval_greedy": a + 0.1, "eval_maj": a + 0.2} for s, a in evals]
+    lines += [{"step": i + 1, "reward": r, "label_acc": None if method == "entropy" else 0.5, **(extra or {})}
+              for i, r in enumerate(rewards)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return str(path)
+
+
+def test_the_series_are_the_mean_and_band_over_seeds(tmp_path):
+    """Three seeds of one method: mean, min and max per step, by hand; a seed still going limits
+    the method to the steps it has reached; another method is its own line; a key a method never
+    logged (label_acc of an answer-free method) leaves it out of that panel."""
+    runs = [plot.read_run(p) for p in [
+        _run(tmp_path, "a0", "coreward1", 0, [0.1, 0.2, 0.3], [(0, 0.2), (3, 0.4)]),
+        _run(tmp_path, "a1", "coreward1", 1, [0.3, 0.4, 0.5], [(0, 0.2), (3, 0.6)]),
+        _run(tmp_path, "a2", "coreward1", 2, [0.2, 0.9], [(0, 0.2)]),                 # still going: 2 steps
+        _run(tmp_path, "b0", "entropy", 0, [-1.0, -0.5, -0.25], [(0, 0.2), (3, 0.1)]),
+    ]]
+    steps, mean, low, high = plot.series(runs, "reward")["coreward1"]
+    assert steps == [1, 2]
+    assert mean == pytest.approx([0.2, 0.5]) and low == pytest.approx([0.1, 0.2]) and high == pytest.approx([0.3, 0.9])
+    assert plot.series(runs, "reward")["entropy"] == ([1, 2, 3], [-1.0, -0.5, -0.25], [-1.0, -0.5, -0.25], [-1.0, -0.5, -0.25])
+    steps, mean, low, high = plot.series(runs, "eval_greedy")["coreward1"]
+    assert steps == [0] and mean == pytest.approx([0.3])
+    assert "entropy" not in plot.series(runs, "label_acc")
+    assert plot.series(runs, "unanimous") == {}
+
+
+def test_plot_writes_the_figures(tmp_path):
+    runs = [_run(tmp_path, f"r{s}", "majority", s, [0.1 * s, 0.2, 0.3], [(0, 0.2), (3, 0.3 + 0.1 * s)],
+                 extra={"unanimous": 0.1, "zero_variance": 0.2, "distinct_answers": 3.0}) for s in range(3)]
+    plot.main([*runs, "--out", str(tmp_path / "fig")])
+    for name in ("eval.png", "train.png"):
+        path = tmp_path / "fig" / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 5000
+
+
+def test_a_folder_that_is_not_a_run_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a run folder: no config.json"):
+        plot.read_run(str(tmp_path))
+
+
+def test_the_study_skips_finished_runs_and_resumes_unfinished_ones(tmp_path):
+    import study
+    fresh, stopped, done = (study.run_dir(str(tmp_path), "majority", s) for s in range(3))
+    step = os.path.join(stopped, "checkpoints", "step_20")
+    os.makedirs(step)
+    for name in ("trainer.pt", "config.json"):
+        open(os.path.join(step, name), "w").close()
+    os.makedirs(os.path.join(done, "final"))
+    open(os.path.join(done, "final", "config.json"), "w").close()
+    assert [study.plan(p) for p in (fresh, stopped, done)] == ["start", "resume", "skip"]
+    assert study.command(done, "majority", 2, 300, []) is None
+    assert study.command(stopped, "majority", 1, 300, ["--lr", "1e-3"])[2:] == ["--out", stopped, "--resume"]
+    assert study.command(fresh, "majority", 0, 300, ["--lr", "1e-3"])[2:] == \
+        ["--out", fresh, "--method", "majority", "--seed", "0", "--steps", "300", "--overwrite", "--lr", "1e-3"]
+
+
+def test_the_study_table_by_hand(tmp_path):
+    """First, best and last evaluation per method: the mean over seeds, the min-max in brackets."""
+    import study
+    runs = [plot.read_run(p) for p in [
+        _run(tmp_path, "a0", "coreward1", 0, [0.1], [(0, 0.2), (20, 0.5), (40, 0.4)]),
+        _run(tmp_path, "a1", "coreward1", 1, [0.1], [(0, 0.2), (20, 0.3), (40, 0.6)]),
+        _run(tmp_path, "b0", "gt", 0, [0.1], [(0, 0.2), (20, 0.7), (40, 0.6)]),
+    ]]
+    lines = study.table(runs).splitlines()
+    # coreward1 avg@k: first 0.2; best: step 40 (mean 0.5 against 0.4 at step 20); last 0.5; greedy is avg@k + 0.1
+    assert lines[2] == ("| `gt` | 1 | 40 | 0.200 / 0.700 / 0.600 | 0.300 / 0.800 / 0.700 | 0.400 / 0.900 / 0.800 |")
+    assert lines[3].startswith("| `coreward1` | 2 | 40 | 0.200 (0.200–0.200) / 0.500 (0.400–0.600) / 0.500 (0.400–0.600) | ")
