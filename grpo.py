@@ -279,16 +279,21 @@ class Batch:
         return len(self.input_ids)
 
     def lengths(self):
-        """[N] tokens of each sequence, prompt and response (the last masked position + 2)."""
-        positions = torch.arange(1, self.mask.shape[1] + 1, device=self.mask.device)
-        return (self.mask * positions).amax(-1).long() + 1
+        """[N] tokens of each sequence, prompt and response."""
+        return sequence_lengths(self.mask)
 
     def rows(self, idx):
         """The rows `idx`, cut to the longest of them: no micro-batch computes another's padding."""
-        ids = self.input_ids[idx]
-        width = int(self.lengths()[idx].max()) if len(ids) else 1
-        return Batch(ids[:, :width], self.mask[idx][:, :width - 1], self.advantages[idx],
+        mask = self.mask[idx]
+        width = int(sequence_lengths(mask).max()) if len(mask) else 1
+        return Batch(self.input_ids[idx][:, :width], mask[:, :width - 1], self.advantages[idx],
                      self.sampler_logp[idx][:, :width - 1])
+
+
+def sequence_lengths(mask):
+    """[N] tokens of each sequence from its response mask [N, T-1]: the last masked position + 2."""
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return (mask * positions).amax(-1).long() + 1
 
 
 def make_batch(samples, pad_id, device):
@@ -412,10 +417,11 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     stats = {"tokens": m.sum().item(), "kl_sum": 0.0, "entropy_sum": 0.0, "sampler_gap_sum": 0.0,
              "clipped_sum": 0.0, "grad_norm": 0.0}
     order = torch.randperm(len(batch)) if order is None else order
+    lengths = batch.lengths()
     for update, mb in enumerate(order.to(m.device).chunk(cfg.mini_batches)):
         normalizer = loss_normalizer(m[mb].sum().item(), world_size, m.device)
         nonfinite = torch.zeros(2, device=m.device)          # [losses, sampler gaps] that are NaN or inf
-        passes = micro_batches(batch.lengths()[mb], cfg)
+        passes = micro_batches(lengths[mb], cfg)
         for j, part_rows in enumerate(passes):
             rows = mb[part_rows]
             part = batch.rows(rows)

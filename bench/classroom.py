@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import grpo  # noqa: E402
 from grpo import Batch, StepConfig, init_distributed, shard, train_step  # noqa: E402
+from scale import vocab_token_logprobs  # noqa: E402  (the path before chunked log-probs)
 
 
 def matmul_flops(size=2048, repeats=5):
@@ -65,15 +66,6 @@ def classroom_batch(seed=0):
         ids[i, :len(p) + len(r)] = torch.tensor(p + r)
         mask[i, len(p) - 1:len(p) + len(r) - 1] = 1
     return Batch(ids, mask, torch.randn(len(rows), generator=g), torch.zeros(len(rows), width - 1))
-
-
-def vocab_token_logprobs(model, input_ids, mask, temperature, entropy=False):
-    """Before: the output layer and a log-softmax at every position, the entropy of every position."""
-    logp_all = (model(input_ids=input_ids).logits[:, :-1].float() / temperature).log_softmax(-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1) * mask
-    with torch.no_grad():
-        ent = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, ent
 
 
 def measure(batch, repeats, dtype=torch.float32, budget=None, compile_layers=False):

@@ -257,7 +257,7 @@ def child_head(naive, tokens=8192, hidden_size=SMALL["hidden_size"]):
         else:
             logp, _ = grpo.ChunkedLogprobs.apply(hidden, weight, targets, 0.7, False)
         (advantages * logp).sum().backward()
-    return {"extra": mem.extra, "tokens": tokens, "logp": logp.tolist(), "grad_hidden": hidden.grad.abs().sum().item(),
+    return {"extra": mem.extra, "tokens": tokens, "logp": logp.tolist(),
             "grad_weight_norm": weight.grad.norm().item(), "grad_hidden_norm": hidden.grad.norm().item()}
 
 
