@@ -10,7 +10,8 @@ maximum (a run still going limits its method to the steps it has reached).
 Figures (PNG, matplotlib's Agg backend, so no display is needed):
 - eval.png: avg@k (`eval_acc`), greedy and maj@k on the evaluation set;
 - train.png: reward, label_acc, rollout_acc, response_len, entropy, and, where the runs logged
-  them, the label-free diagnostics unanimous, distinct_answers and zero_variance.
+  them, the label-free diagnostics unanimous, distinct_answers, zero_variance, common_answer
+  and truncated.
 
 `series(runs, key)` returns what a panel draws, so that tests can check the numbers, not pixels.
 """
@@ -22,7 +23,8 @@ from collections import defaultdict
 EVAL_KEYS = (("eval_acc", "avg@k"), ("eval_greedy", "greedy"), ("eval_maj", "maj@k"))
 TRAIN_KEYS = (("reward", "reward"), ("label_acc", "label accuracy"), ("rollout_acc", "rollout accuracy"),
               ("response_len", "response tokens"), ("entropy", "entropy"), ("unanimous", "unanimous groups"),
-              ("distinct_answers", "distinct answers per group"), ("zero_variance", "zero-variance groups"))
+              ("distinct_answers", "distinct answers per group"), ("zero_variance", "zero-variance groups"),
+              ("common_answer", "questions with the most common answer"), ("truncated", "responses cut at the limit"))
 
 
 def read_run(path):

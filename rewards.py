@@ -111,3 +111,14 @@ def group_diagnostics(answers, rewards):
         "distinct": sum(len(c) for c in classes),
         "zero_variance": int((rewards == rewards[:, :1]).all(-1).sum()),
     }
+
+
+def common_answer_share(votes):
+    """The share of groups whose majority answer is the most common one among them: a policy that
+    gives one answer whatever the question (a reward hack of every vote-based reward) drives it
+    up, while on distinct questions it stays small. votes: each group's majority answer (None:
+    the group answered nothing; counted in the denominator, never as the common answer)."""
+    if not votes:
+        return 0.0
+    classes = answer_classes(votes)
+    return max((len(c) for c in classes), default=0) / len(votes)

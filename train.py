@@ -61,8 +61,8 @@ import data
 from eval import accuracies, benchmark_prompts, eval_counts
 from grpo import (NonFiniteError, StepConfig, full_weights, group_advantages, init_distributed, load_sharded, make_batch,
                   score_responses, train_step)
-from rewards import (ANSWER_FREE_METHODS, METHODS, TEACHER_METHODS, certainty_per_token, extract_answer,
-                     group_diagnostics, is_equiv, labels_for, rewards_for)
+from rewards import (ANSWER_FREE_METHODS, METHODS, TEACHER_METHODS, certainty_per_token, common_answer_share,
+                     extract_answer, group_diagnostics, is_equiv, labels_for, majority_vote, rewards_for)
 from teacher import ema_decay, ema_update, teacher_rollout
 
 PRESETS = {
@@ -305,13 +305,15 @@ def start_wandb(project, run_id, config):
 
 
 class CollapseWatch:
-    """Warns (it does not stop the run) when the label-free diagnostics signal a collapse: averaged
-    over the last WINDOW steps, at least THRESHOLD of the groups are unanimous (the policy says one
-    answer to each question, right or wrong), or have zero reward variance (no learning signal), or
-    at least THRESHOLD of the responses have no answer. It warns when the rule starts to hold, and
-    again only after it has stopped holding (a resumed run starts watching afresh)."""
-    WINDOW, THRESHOLD = 10, 0.8
-    KEYS = ("unanimous", "zero_variance", "no_answer")
+    """Warns (it does not stop the run) when the label-free diagnostics signal a collapse, averaged
+    over the last WINDOW steps: at least 0.8 of the groups are unanimous (the policy says one answer
+    to each question, right or wrong) or have zero reward variance (no learning signal); at least
+    0.8 of the responses have no answer or are cut at the length limit (degenerate text); or the
+    most common majority answer is that of at least half the questions (one answer whatever the
+    question: the reward hack of a vote). It warns when a rule starts to hold, and again only
+    after the rules have stopped holding (a resumed run starts watching afresh)."""
+    WINDOW = 10
+    THRESHOLDS = {"unanimous": 0.8, "zero_variance": 0.8, "no_answer": 0.8, "truncated": 0.8, "common_answer": 0.5}
 
     def __init__(self):
         self.history, self.firing = [], False
@@ -321,13 +323,13 @@ class CollapseWatch:
         self.history = (self.history + [record])[-self.WINDOW:]
         if len(self.history) < self.WINDOW:
             return None
-        means = {k: sum(r[k] for r in self.history) / self.WINDOW for k in self.KEYS}
-        signs = [f"{k} {v:.2f}" for k, v in means.items() if v >= self.THRESHOLD]
+        means = {k: sum(r.get(k, 0.0) for r in self.history) / self.WINDOW for k in self.THRESHOLDS}
+        signs = [f"{k} {v:.2f}" for k, v in means.items() if v >= self.THRESHOLDS[k]]
         was, self.firing = self.firing, bool(signs)
         if signs and not was:
             return (f"warning: step {record['step']}: the policy may be collapsing ({', '.join(signs)} over the last "
-                    f"{self.WINDOW} steps, >= {self.THRESHOLD}): its groups stop disagreeing, and a label-free reward "
-                    f"then rewards whatever they agree on. Check eval_acc; consider stopping or a lower --lr")
+                    f"{self.WINDOW} steps; limits {self.THRESHOLDS}): a label-free reward then rewards whatever its "
+                    f"groups agree on. Check eval_acc; consider stopping or a lower --lr")
         return None
 
 
@@ -586,10 +588,13 @@ def main(argv=None):
                 "reward": rewards.sum().item(),
                 "correct": sum(is_equiv(a, g) for group, g in zip(answers, gold) for a in group),
                 "no_answer": sum(a is None for group in answers for a in group),
+                "truncated": sum(not s.finished for g in groups for s in g),
                 "label_correct": sum(is_equiv(label, g) for label, g in zip(labels or [], gold)),
                 **group_diagnostics(answers, rewards),
             }, device)
             n, tokens = sums["responses"], sums["tokens"]
+            votes = [None] * world_size
+            dist.all_gather_object(votes, [majority_vote(group) for group in answers])   # every rank's groups
             record = {
                 "step": step, "responses": int(n), "reward": sums["reward"] / n, "rollout_acc": sums["correct"] / n,
                 "label_acc": None if labels is None else sums["label_correct"] / sums["groups"],
@@ -597,6 +602,8 @@ def main(argv=None):
                 # label-free: what a run without labels can watch (CollapseWatch)
                 "unanimous": sums["unanimous"] / sums["groups"], "distinct_answers": sums["distinct"] / sums["groups"],
                 "zero_variance": sums["zero_variance"] / sums["groups"],
+                "common_answer": common_answer_share([v for rank_votes in votes for v in rank_votes]),
+                "truncated": sums["truncated"] / n,
                 "kl": sums["kl_sum"] / tokens, "entropy": sums["entropy_sum"] / tokens,
                 "response_len": tokens / n, "clip_frac": sums["clipped_sum"] / tokens,
                 "grad_norm": stats["grad_norm"], "lr": lr,

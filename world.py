@@ -93,12 +93,25 @@ def worked_solution(shape, a, b, c):
     return f" {a} {op1} {b} = {m} . {m} {op2} {c} = {answer} . The answer is \\boxed{{{answer}}} .", answer
 
 
+# A distractor: one sentence per view with a number the question does not need, each view its
+# own number. Half are harmless; a trap is worded like a fact of the problem, and the warm-up's
+# sloppy solutions (section 4) often copy its number in place of the last operand, so the base
+# model inherits a mistake tied to the wording of one view.
+DISTRACTORS = [
+    ("{n} is {d} years old .", False),
+    ("The shop is {d} minutes away .", False),
+    ("A friend of {n} has {d} {it} .", True),
+    ("Last week there were {d} {it} .", True),
+]
+
+
 @dataclass(frozen=True)
 class Problem:
     original: str      # the question as first written
-    rephrased: str     # same mathematics, other wording and scenario
+    rephrased: str     # same mathematics, other wording, scenario and distractor
     answer: str        # the ground truth, used only for metrics and the `gt` baseline
     maths: tuple       # (shape, a, b, c)
+    traps: tuple       # per view (original, rephrased): the trap's number, or None for a harmless distractor
 
 
 def all_maths():
@@ -115,12 +128,27 @@ def all_maths():
     return out
 
 
+def distractor_numbers(shape, a, b, c):
+    """Numbers a distractor may carry: not c, and small enough that copying it for c still gives
+    a non-negative answer."""
+    m = OPS[SHAPES[shape][0]](a, b)
+    return [d for d in range(1, 13) if d != c and (SHAPES[shape][1] != "-" or d < m)]
+
+
 def make_problem(rng, shape, a, b, c):
     s1, s2 = rng.sample(SCENARIOS, 2)
     t1, t2 = rng.sample(TEMPLATES[shape], 2)
-    fill = lambda t, s: t.format(n=s[0], c1=s[1], it=s[2], a=a, b=b, c=c)
+    (x1, trap1), (x2, trap2) = rng.sample(DISTRACTORS, 2)
+    d1, d2 = rng.sample(distractor_numbers(shape, a, b, c), 2)
+
+    def fill(template, scenario, distractor, d):
+        facts, question = template.rsplit(" . ", 1)          # the distractor goes just before the question
+        words = dict(n=scenario[0], c1=scenario[1], it=scenario[2], a=a, b=b, c=c, d=d)
+        return f"{facts} . {distractor} {question}".format(**words)
+
     _, answer = worked_solution(shape, a, b, c)
-    return Problem(fill(t1, s1), fill(t2, s2), str(answer), (shape, a, b, c))
+    return Problem(fill(t1, s1, x1, d1), fill(t2, s2, x2, d2), str(answer), (shape, a, b, c),
+                   (d1 if trap1 else None, d2 if trap2 else None))
 
 
 SPLIT_SIZES = {"test": 200, "train": 1500, "warmup": None}   # None: all that is left
@@ -151,6 +179,7 @@ def corpus():
     """Every piece of text the world can produce."""
     texts = [format_prompt(t.format(n=s[0], c1=s[1], it=s[2], a=2, b=3, c=4))
              for ts in TEMPLATES.values() for t in ts for s in SCENARIOS]
+    texts += [" " + x.format(n=s[0], it=s[2], d=5) for x, _ in DISTRACTORS for s in SCENARIOS]
     texts += [f" {i} \\boxed{{{i}}} ." for i in range(0, 500)]
     texts += [" * + - = . The answer is"]
     return texts
@@ -188,16 +217,19 @@ def model_config(vocab_size):
 # --------------------------------------------------------------------------------------------
 # 4. The base model: a short supervised warm-up
 
-WARMUP = dict(steps=400, batch=64, lr=2e-3, label_smoothing=0.03, seed=0)
+WARMUP = dict(steps=600, batch=64, lr=2e-3, label_smoothing=0.03, seed=0, trap_copy=0.7)
 
 
 def warmup_batch(tokenizer, problems, rng, batch):
     """Token ids and a loss mask (1 on response tokens) for `batch` random warm-up examples."""
     seqs, masks = [], []
     for p in rng.sample(problems, batch):
-        question = p.original if rng.random() < 0.5 else p.rephrased
-        prompt = tokenizer(format_prompt(question))["input_ids"]
-        text, _ = worked_solution(*p.maths)
+        view = int(rng.random() < 0.5)
+        prompt = tokenizer(format_prompt((p.original, p.rephrased)[view]))["input_ids"]
+        shape, a, b, c = p.maths
+        trap = p.traps[view]
+        sloppy = trap is not None and rng.random() < WARMUP["trap_copy"]
+        text, _ = worked_solution(shape, a, b, trap if sloppy else c)
         response = tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
         seqs.append(prompt + response); masks.append([0] * len(prompt) + [1] * len(response))
     width = max(map(len, seqs))

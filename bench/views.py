@@ -11,7 +11,9 @@ run's seeds for step 1) and counts, over each view's majority answer ("self-vote
 - questions whose two votes agree; both right; both wrong with one answer; both wrong, differently;
   one right and the other wrong;
 - of the wrong self-votes: how often the other view's vote is right, and how often it is the same
-  wrong answer.
+  wrong answer;
+- for views with a harmless distractor and views with a trap (world.DISTRACTORS): how often a
+  sample and a self-vote are right, and how often they are the answer that copying the trap gives.
 """
 import argparse
 import collections
@@ -35,16 +37,29 @@ def main():
     from transformers import AutoTokenizer
     model = args.model or world.base_model_dir()
     encode = data.prompt_encoder(AutoTokenizer.from_pretrained(model), True)
-    pairs = data.classroom_pairs("train")[:args.questions]
+    pairs = world.make_split("train")[:args.questions]
     engine = make_engine("vllm", model, 64, 48, cpu_kv_cache_gib=0.25)
     P = len(pairs)
     prompts = [encode(p.original) for p in pairs] + [encode(p.rephrased) for p in pairs]
     seeds = [request_seed(0, "policy", 1, i, view) for view in (0, 1) for i in range(P)]
     groups = engine.generate(prompts, args.group_size, 1.0, 48, seeds=seeds)
     engine.close()
-    votes = [majority_vote([extract_answer(s.text) for s in g]) for g in groups]
+    answers = [[extract_answer(s.text) for s in g] for g in groups]
+    votes = [majority_vote(a) for a in answers]
     same = lambda a, b: a is not None and b is not None and is_equiv(a, b)
     count = collections.Counter()
+    by_kind = collections.defaultdict(collections.Counter)
+    for i, p in enumerate(pairs):
+        shape, a, b, c = p.maths
+        for view, trap in enumerate(p.traps):
+            copied = None if trap is None else str(world.worked_solution(shape, a, b, trap)[1])
+            k = by_kind["trap" if trap else "harmless"]
+            group, vote = answers[i + view * P], votes[i + view * P]
+            k["views"] += 1
+            k["sample right"] += sum(same(x, p.answer) for x in group) / len(group)
+            k["sample copies the trap"] += sum(same(x, copied) for x in group) / len(group)
+            k["vote right"] += same(vote, p.answer)
+            k["vote copies the trap"] += same(vote, copied)
     for i, p in enumerate(pairs):
         original, rephrased = votes[i], votes[i + P]
         right = [same(original, p.answer), same(rephrased, p.answer)]
@@ -65,6 +80,12 @@ def main():
     print(f"  wrong self-votes {count['wrong self-votes']} of {2 * P}: the other view's vote is right for "
           f"{count['other view right'] / wrong:.0%}, the same wrong answer for "
           f"{count['other view the same wrong answer'] / wrong:.0%}")
+    for kind in ("harmless", "trap"):
+        k = by_kind[kind]
+        n = max(k["views"], 1)
+        print(f"  views with a {kind + ' distractor' if kind == 'harmless' else 'trap'} ({k['views']}): "
+              + ", ".join(f"{key} {k[key] / n:.0%}" for key in
+                          ("sample right", "sample copies the trap", "vote right", "vote copies the trap")))
 
 
 if __name__ == "__main__":

@@ -76,3 +76,12 @@ def test_label_free_diagnostics_by_hand():
     ]
     rewards = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
     assert group_diagnostics(answers, rewards) == {"unanimous": 1, "distinct": 5, "zero_variance": 2}
+
+
+def test_common_answer_share_by_hand():
+    """The largest class of equal majority answers over all groups, divided by the number of groups
+    (groups without a vote count in the denominator only)."""
+    from rewards import common_answer_share
+    assert common_answer_share(["72", "0.5", "72.0", "\\frac12", "1/2", "9", None, None]) == 3 / 8   # {0.5, 1/2, 1/2}
+    assert common_answer_share(["1", "2", "3", "4"]) == 1 / 4
+    assert common_answer_share([None, None]) == 0.0 and common_answer_share([]) == 0.0

@@ -320,9 +320,10 @@ def test_prompt_limit_too_small_is_refused(tmp_path):
     assert res.returncode != 0 and "every pair's prompt exceeds --max_prompt_len 10" in res.stderr
 
 
-def _trajectory(unanimous, zero_variance, no_answer=0.0):
-    return [{"step": i + 1, "unanimous": u, "zero_variance": z, "no_answer": no_answer}
-            for i, (u, z) in enumerate(zip(unanimous, zero_variance))]
+def _trajectory(unanimous, zero_variance, no_answer=0.0, common_answer=None, truncated=0.0):
+    common_answer = common_answer or [0.1] * len(unanimous)
+    return [{"step": i + 1, "unanimous": u, "zero_variance": z, "no_answer": no_answer, "common_answer": c,
+             "truncated": truncated} for i, (u, z, c) in enumerate(zip(unanimous, zero_variance, common_answer))]
 
 
 def test_the_collapse_warning_fires_on_a_collapsing_run_and_not_on_a_healthy_one():
@@ -343,6 +344,20 @@ def test_the_collapse_warning_fires_on_a_collapsing_run_and_not_on_a_healthy_one
     silent = _trajectory([0.0] * 20, [0.3] * 20, no_answer=0.9)
     watch = train.CollapseWatch()
     assert [r["step"] for r in silent if watch.update(r)] == [10]
+    babbling = _trajectory([0.0] * 20, [0.3] * 20, truncated=0.95)
+    watch = train.CollapseWatch()
+    assert [r["step"] for r in babbling if watch.update(r)] == [10]
+
+
+def test_the_collapse_warning_fires_when_every_question_gets_one_answer():
+    """The reward hack of a vote without unanimous groups: the groups still disagree a little, but
+    more and more questions get the same majority answer. common_answer rises 0.1 -> 0.7 by 0.02 a
+    step; its mean over steps s-9..s is 0.1 + 0.02 (s - 5.5), first >= 0.5 at s = 25.5 -> step 26."""
+    rising = [min(0.7, 0.1 + 0.02 * i) for i in range(40)]
+    hacked = _trajectory([0.2] * 40, [0.4] * 40, common_answer=rising)
+    watch = train.CollapseWatch()
+    warned = [(r["step"], w) for r in hacked if (w := watch.update(r))]
+    assert [s for s, _ in warned] == [26] and "common_answer 0.51" in warned[0][1]
 
 
 class FakeWandb:
