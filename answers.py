@@ -6,28 +6,72 @@ rests on one question: are two answers the same?  The official Co-rewarding
 code answers it with raw-string equality (`pred == label` on the boxed text),
 which splits `\frac12`, `0.5` and `1/2` into three votes (its majority vote
 counts raw strings) and pays none of them.  Here they are one vote, and
-different things stay different.
+different things stay different: a grader mistake is a training signal.
+
+Policies:
+- The last box wins: the answer is the content of the last `\boxed{..}`; if
+  that box is empty or unclosed there is no answer (an earlier box is not used).
+- A percent is its number: `28\%`, `28 percent`, `28 pct` all equal `28` (and
+  not `0.28`).
+- An approximation never equals an exact irrational or fraction: `1.414` !=
+  `\sqrt2`, `0.333` != `\frac13`, `3.14` != `\pi`.
+- Never join digits across a space: `4 4/9` is the mixed number 4 + 4/9 (read
+  `a b/c` with b < c as a + b/c), never 44/9; other digit-space-digit text
+  (`4 9/4`, `1 000`) is compared as text.
+- A comma is a thousands separator only in the strict form of a whole answer
+  (1-3 digits, then groups of exactly 3, no spaces: `1,234`; also `1{,}234`
+  and `1,\!234`); otherwise it separates list items (`1, 234` is a list).
 
 `is_equiv(a, b)` works in four steps:
 
 1. Normalise each side (cached): drop `$`, `\$`, `\%`, degree signs, LaTeX
-   spacing, `\left`/`\right`, trailing unit text (`\text{ cm}`, `inches`),
-   an `x =` or `x \in` prefix and thousands separators; write `\dfrac`,
-   `\tfrac`, `\frac12`, `\sqrt2` one way; unwrap `\text{..}`; a
-   multiple-choice `(B)` becomes `B`; a mixed number `2\frac{1}{3}` becomes
-   the sum `(2+\frac{1}{3})`.  Equal normal forms are equal.
-2. Structure: `\{..\}` and bare comma lists are unordered sets, `a \pm b` is
+   spacing, `\left`/`\right`, a trailing `.` or `,`, trailing unit text
+   (`\text{ cm}`, `\textnormal{ cm}`, `inches`, `cm.`) and percent words;
+   write `\dfrac`, `\tfrac`, `\frac12`, `\sqrt2`, `\leq`, `\geqslant`, `<=`
+   one way; unwrap `\text{..}`; a multiple-choice `(B)` becomes `B`; a mixed
+   number `2\frac{1}{3}` or `2 1/3` becomes the sum `(2+\frac{1}{3})`.  A
+   chain of equalities `x = 2+3 = 5`, or a computation `10 \times 5 = 50`,
+   is its last right-hand side, as a reader takes it.  The name of a single
+   variable goes when the other side has no variable: `x = 3` and `3 = x`
+   become `3`, `x \in [1,2]` becomes `[1,2]`; but `y = 2x+1` stays an
+   equation (it is not the expression `2x+1`).  Equal normal forms are equal.
+2. Structure: `\{..\}`, outer braces `{..}` (invisible in LaTeX, so `{1, 2}`
+   is the list `1, 2`) and bare comma lists are unordered sets, `a \pm b` is
    the set {a+b, a-b}, `\cup` joins sets, brackets with commas are tuples or
-   intervals (order and both bracket kinds must match), `pmatrix` is a
-   matrix.  Parts are compared recursively with this same procedure.
+   intervals (order and both bracket kinds must match), `pmatrix` is a matrix
+   (a trailing `\\` adds no row).  Parts are compared recursively with this
+   same procedure.
 3. Numbers: integers, decimals, `a/b` and `\frac{a}{b}` become exact
-   Fractions: `142.0` == `142`, `025` == `25`; a decimal approximation never
-   equals an irrational (`1.414` != `\sqrt2`).
-4. Expressions: a small LaTeX reader turns the rest into sympy (refusing
-   anything it does not know), then: exact difference for rationals,
-   40-digit numerics for other constants (`2\sqrt2` == `\sqrt8`), and exact
-   evaluation at fixed sample points for expressions with variables
+   Fractions: `142.0` == `142`, `025` == `25`.
+4. Relations and expressions: a small LaTeX reader turns each side into sympy
+   (refusing anything it does not know), then: exact difference for
+   rationals, 40-digit numerics for other constants (`2\sqrt2` == `\sqrt8`),
+   and exact evaluation at fixed sample points for expressions with variables
    (`(a+5)(b+2)` == `ab+2a+5b+10`; Schwartz-Zippel identity testing).
+   An equation is its difference lhs - rhs, and two equations are equal when
+   one difference is a nonzero constant multiple of the other
+   (`2x+4y-3=0` == `y = -\frac12 x + \frac34`).  An inequality is written
+   d < 0 or d <= 0 (flipping > and >=); two are equal when the strictness is
+   the same and one d is a positive constant multiple of the other (`x \le 5`
+   == `5 \ge x`, `x < 1` == `-x > -1`, `x < 5` != `x \le 5`).  A chain
+   `1 < x \le 3` is the conjunction of its links, matched link to link in any
+   order.  Subscripted symbols (`x_1`, `F_{n-k-1}`) are opaque variables, and
+   `\sum_{k=a}^{b}` / `\prod_{k=a}^{b}` are opaque terms, never evaluated:
+   two sums are equal when their bounds, variable and body are equal after
+   sympy's own ordering of products and sums (`F_k F_{n-k-1}` ==
+   `F_{n-k-1} F_k` under the sum).
+
+Limits, judged different (or compared as text) though a reader might call
+them equal: an equation against a bare expression or value (`y = 2x+1`
+against `2x+1`, `2x = 6` against `3`); equations that are multiples by a
+non-constant (`y = \frac1x` against `xy = 1`); an inequality against an
+interval or another form of the same solution set (`x < 5` against
+`(-\infty, 5)`, `x^2 < 4` against `-2 < x < 2`); relations without a
+variable (`\sqrt2 < 1.5`), chains of equalities with words or lists in them
+(`x = 2 \text{ or } x = 3`) and chains of more than MAX_PARTS links, compared
+as text; a sum against its closed form (`\sum_{k=1}^{n} k` against
+`\frac{n(n+1)}{2}`), with its variable renamed, or with a factor moved out of
+it; base-n numbers (`4210_{5}`), compared as text.
 
 Why our own grader and not math-verify (HF's verifier)?  On perturbed gold
 answers of the shipped eval sets (bench/grader.py) both are near perfect
@@ -49,12 +93,13 @@ import re
 from fractions import Fraction
 
 import sympy
+from sympy.core.function import AppliedUndef
 from sympy.parsing.sympy_parser import parse_expr
 
 MAX_ANSWER_CHARS = 1_000  # longer "answers" are refused (normalise to None)
 MAX_NESTING = 20          # deeper bracket nesting is refused
 MAX_SYMPY_CHARS = 300     # longer expressions are compared as strings only
-MAX_PARTS = 20            # sets/tuples with more parts are compared as strings only
+MAX_PARTS = 20            # sets/tuples/relation chains with more parts are compared as strings only
 MAX_BITS = 20_000         # refuse numbers that could need more bits than this
 
 # ---------------------------------------------------------------- extraction
@@ -104,15 +149,23 @@ def _braced_content(text):
 # ------------------------------------------------------------- normalisation
 
 _DROP = re.compile(
-    r"(\\\\)|\\[,;:! ]|\\q?quad(?![A-Za-z])|~|\\displaystyle|\\(?:left|right)(?![A-Za-z])"
+    r"(\\\\)|(\\ |~|\\q?quad(?![A-Za-z]))|(?<=,)\s*\\!\s*|\\[,;:!]"
+    r"|\\displaystyle|\\(?:left|right)(?![A-Za-z])"
     r"|\\?\$|\\?%|\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![A-Za-z])|°|\\degree(?![A-Za-z])")
-_TEXT_COMMAND = r"\\(?:text|textbf|textit|textrm|mbox|mathrm|mathbf|operatorname)\s*"
+_TEXT_COMMAND = r"\\(?:text|textbf|textit|textrm|textnormal|mbox|mathrm|mathbf|operatorname)\s*"
 _UNIT_TEXT = re.compile(r"(?<=\S)\s*" + _TEXT_COMMAND + r"\{\s*[A-Za-z][A-Za-z .]*\}(?:\^\{?\d\}?)?$")
 _UNIT_WORD = re.compile(
-    r"(?<=[\d}])\s+(?:cm|mm|km|meters?|inch(?:es)?|feet|foot|ft|yards?|miles?|units?|"
+    r"(?<=[\d}])(?:\s+(?:cm|mm|km|meters?|inch(?:es)?|feet|foot|ft|yards?|miles?|units?|"
     r"square units|degrees?|cents?|dollars?|hours?|minutes?|seconds?|days?|years?|"
-    r"pounds?|grams?|kg|mph)(?:\^\{?\d\}?)?$")
+    r"pounds?|grams?|kg|mph)(?:\^\{?\d\}?)?|\s*(?:percent(?:age)?|pct))$")
+_TRAILING_PUNCTUATION = re.compile(r"(?<!\.)\s*[.,]\s*$")  # `5.`, `5,` but not an ellipsis `...`
+_RELATION_SPELLING = re.compile(
+    r"\\(?:(leq?(?:slant)?|leqq)|(geq?(?:slant)?|geqq)|(lt)|gt)(?![A-Za-z])|(≤|<=)|(≥|>=)")
+_CONJUNCTION = re.compile(r"(?<![A-Za-z\\])(?:or|and)(?![A-Za-z])")
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_PLAIN_MIXED = re.compile(r"(?<![\w.}^\\/])(\d+) (\d+) ?/ ?(\d+)(?![\w.^])")
+# A space matters only between two letters (`\cot x`, `\frac a b`) or two digits (`4 9/4`).
+_SPACE = re.compile(r"(?<![A-Za-z\d]) | (?![A-Za-z\d])|(?<=[A-Za-z]) (?=\d)|(?<=\d) (?=[A-Za-z])")
 
 
 @functools.lru_cache(maxsize=100_000)
@@ -121,16 +174,20 @@ def normalize(answer):
     unbalanced or nested deeper than MAX_NESTING."""
     if len(answer) > MAX_ANSWER_CHARS:
         return None
-    s = _DROP.sub(lambda m: m.group(1) or "", answer)
+    s = _DROP.sub(lambda m: m.group(1) or (" " if m.group(2) else ""), answer)
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s).replace("{,}", ",")
     s = re.sub(_TEXT_COMMAND + r"\{\s*\}", "", s)
-    s = _UNIT_WORD.sub("", _UNIT_TEXT.sub("", s.strip()))
+    s = _UNIT_TEXT.sub("", _TRAILING_PUNCTUATION.sub("", s))
     s = re.sub(_TEXT_COMMAND + r"\{([^{}]*)\}", r"\1", s)
-    if s.count("=") == 1 or "\\in" in s:  # `x = 3` -> `3`, `x \in [1,2]` -> `[1,2]`
-        s = re.sub(r"^\s*[A-Za-z]\s*(?:=|\\in(?![A-Za-z]))\s*(?=\S)", "", s)
-    # Whitespace only matters between two letters (`\cot x`, `\frac a b`).
+    s = _UNIT_WORD.sub("", _TRAILING_PUNCTUATION.sub("", s.strip()))
+    s = _RELATION_SPELLING.sub(_relation_sign, s)
+    if "=" in s or "\\in" in s:
+        s = _drop_variable_name(_last_right_hand_side(s))
     s = re.sub(r"\s+", " ", s).strip()
-    s = re.sub(r"(?<![A-Za-z]) | (?![A-Za-z])", "", s)
+    if _THOUSANDS.fullmatch(s):  # strict form only: `1, 234` is a list
+        s = s.replace(",", "")
+    s = _PLAIN_MIXED.sub(_plain_mixed_number, s)
+    s = _SPACE.sub("", s)
     # One spelling for shorthand arguments: \frac12, \frac9{19}, \frac{270}7, \sqrt2.
     s = re.sub(r"\\frac ?([0-9A-Za-z]) ?([0-9A-Za-z])", r"\\frac{\1}{\2}", s)
     s = re.sub(r"\\frac ?([0-9A-Za-z])(?=\{)", r"\\frac{\1}", s)
@@ -139,14 +196,96 @@ def normalize(answer):
     # A mixed number is a sum: 2\frac{1}{3} -> (2+\frac{1}{3}), but x^2\frac{1}{3} is a product.
     s = re.sub(r"(?<![\w.}^\\])(\d+)\\frac\{(\d+)\}\{(\d+)\}", r"(\1+\\frac{\2}{\3})", s)
     s = s.rstrip(".")
-    if _THOUSANDS.fullmatch(s):
-        s = s.replace(",", "")
     s = re.sub(r"^\(([A-Z])\)$", r"\1", s)  # multiple choice: (B) -> B
     if re.fullmatch(r"[A-Za-z]{3,}( [A-Za-z]+)*", s):  # words: East == east
         s = s.lower()
     if not s or _nesting(s) is None:
         return None
     return s
+
+
+def _relation_sign(match):
+    """One spelling for each relation sign: \\le, \\ge, <, >."""
+    less_equal, greater_equal, less, plain_less_equal, plain_greater_equal = match.groups()
+    if less_equal or plain_less_equal:
+        return "\\le"
+    if greater_equal or plain_greater_equal:
+        return "\\ge"
+    return "<" if less else ">"
+
+
+def _plain_mixed_number(match):
+    """`4 4/9` -> (4+\\frac{4}{9}); `4 9/4` is ambiguous and stays as written."""
+    whole, numerator, denominator = match.groups()
+    if int(numerator) >= int(denominator):
+        return match.group(0)
+    return f"({whole}+\\frac{{{numerator}}}{{{denominator}}})"
+
+
+def _last_right_hand_side(s):
+    """A chain of equalities or a computation is its last right-hand side:
+    `x = 2+3 = 5` -> `5`, `10 \\times 5 = 50` -> `50`; not a list (`x = 1, y = 2`),
+    alternatives (`x = 2 or x = 3`) or an equation with variables (`2x = 6`)."""
+    sides, signs = _split_relations(s)
+    if not signs or set(signs) != {"="} or not sides[-1].strip():
+        return s
+    if len(signs) == 1 and (_has_variable(sides[0]) or _has_variable(sides[1])):
+        return s
+    if len(_split_top_level(s, ",")) > 1 or _CONJUNCTION.search(s):
+        return s
+    return sides[-1]
+
+
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+_VARIABLE_LETTER = re.compile(r"[A-Za-df-hj-z]")  # e and i are constants
+
+
+def _drop_variable_name(s):
+    """`x = 3` -> `3`, `3 = x` -> `3`, `x \\in [1,2]` -> `[1,2]`: the name of a
+    single variable goes when the other side has no variable.  `y = 2x+1` stays."""
+    member = re.match(r"\s*[A-Za-z]\s*\\in(?![A-Za-z])\s*(?=\S)", s)
+    if member:
+        return s[member.end():]
+    sides, signs = _split_relations(s)
+    if signs != ["="]:
+        return s
+    left, right = sides[0].strip(), sides[1].strip()
+    if re.fullmatch(r"[A-Za-z]", left) and right and not _has_variable(right):
+        return right
+    if re.fullmatch(r"[A-Za-z]", right) and left and not _has_variable(left):
+        return left
+    return s
+
+
+def _has_variable(s):
+    """True when s names a variable: a Greek letter the reader knows, or a
+    letter outside LaTeX commands other than the constants e and i."""
+    if any(command[1:] in _GREEK for command in _COMMAND.findall(s)):
+        return True
+    return _VARIABLE_LETTER.search(_COMMAND.sub("", s)) is not None
+
+
+_RELATION_SIGN = re.compile(r"\\le(?![A-Za-z])|\\ge(?![A-Za-z])|[<>=]")
+
+
+def _split_relations(s):
+    """(sides, signs): s split at relation signs (=, <, >, \\le, \\ge) outside brackets."""
+    sides, signs, depth, start, i = [], [], 0, 0, 0
+    while i < len(s):
+        char = s[i]
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif depth == 0 and char in "<>=\\":
+            sign = _RELATION_SIGN.match(s, i)
+            if sign:
+                sides.append(s[start:i])
+                signs.append(sign.group())
+                start = i = sign.end()
+                continue
+        i += 1
+    return sides + [s[start:]], signs
 
 
 def _nesting(s):
@@ -202,15 +341,21 @@ def _equiv_normalized(a, b):
 def _structure(s):
     """(kind, parts): kind is "atom", "set", "matrix" or a tuple/interval's
     bracket pair such as "(]"; parts are strings."""
+    if not s:
+        return "atom", [s]
     matrix = re.fullmatch(r"\\begin\{([pbv]?matrix)\}(.*)\\end\{\1\}", s)
     if matrix:
         rows = [row.split("&") for row in matrix.group(2).split("\\\\")]
+        if len(rows) > 1 and rows[-1] == [""]:  # a trailing \\ adds no row
+            rows.pop()
         return f"matrix{len(rows)}x{len(rows[0])}", [x for row in rows for x in row]
     unions = _split_top_level(s, "\\cup")
     if len(unions) > 1:
         return "set", unions
     if s.startswith("\\{") and s.endswith("\\}") and _encloses(s[1:]):
         return "set", _expand_pm(_split_top_level(s[2:-2], ","))
+    if s[0] == "{" and _encloses(s):  # outer braces are invisible: {1, 2} is the list 1, 2
+        return _structure(s[1:-1])
     if s[0] in "([" and s[-1] in ")]" and _encloses(s):
         items = _split_top_level(s[1:-1], ",")
         if len(items) > 1:
@@ -265,19 +410,62 @@ def _equiv_atoms(a, b):
     number_a, number_b = _as_fraction(a), _as_fraction(b)
     if number_a is not None and number_b is not None:
         return number_a == number_b
-    if a.count("=") == 1 and b.count("=") == 1:  # equations: equal up to sign
-        left_a, right_a = (_to_sympy(side) for side in a.split("="))
-        left_b, right_b = (_to_sympy(side) for side in b.split("="))
-        if None in (left_a, right_a, left_b, right_b):
+    relation_a, relation_b = _relation(a), _relation(b)
+    if relation_a is not None or relation_b is not None:
+        if relation_a is None or relation_b is None:
             return False
-        return (_sympy_equal(left_a - right_a, left_b - right_b)
-                or _sympy_equal(left_a - right_a, right_b - left_b))
-    if "=" in a or "=" in b:
-        return False
+        return _equiv_relations(relation_a, relation_b)
     expr_a, expr_b = _to_sympy(a), _to_sympy(b)
     if expr_a is None or expr_b is None:
         return False
     return _sympy_equal(expr_a, expr_b)
+
+
+def _relation(s):
+    """None when s has no relation sign outside brackets; else (kind, parts):
+    ("=", [lhs - rhs]) for an equation; ("<", [(d, strict), ...]) for an
+    inequality or a chain of them, each link written d < 0 or d <= 0; ("?", [])
+    for relations this module does not read (an unreadable side, a chain of
+    equations, = mixed with <, no variable at all, more than MAX_PARTS links),
+    which are compared as text."""
+    if not _RELATION_SIGN.search(s):
+        return None
+    sides, signs = _split_relations(s)
+    if not signs:
+        return None
+    if len(signs) > MAX_PARTS:
+        return "?", []
+    expressions = [_to_sympy(side) for side in sides]
+    if None in expressions or (len(signs) > 1 and "=" in signs):
+        return "?", []
+    if not any(expr.free_symbols for expr in expressions):  # `1 < 2` and `3 < 4` are not one answer
+        return "?", []
+    if signs == ["="]:
+        return "=", [expressions[0] - expressions[1]]
+    links = []
+    for left, sign, right in zip(expressions, signs, expressions[1:]):
+        difference = left - right if sign in ("<", "\\le") else right - left
+        links.append((difference, sign in ("<", ">")))
+    return "<", links
+
+
+def _equiv_relations(relation_a, relation_b):
+    """Equations: one difference a nonzero constant multiple of the other.
+    Inequalities: link for link in any order, the same strictness and one
+    difference a positive constant multiple of the other."""
+    (kind_a, parts_a), (kind_b, parts_b) = relation_a, relation_b
+    if kind_a != kind_b or kind_a == "?" or len(parts_a) != len(parts_b):
+        return False
+    if kind_a == "=":
+        return _proportional(parts_a[0], parts_b[0], positive=False)
+    unused = list(parts_b)
+    for difference, strict in parts_a:
+        match = next((link for link in unused if link[1] == strict
+                      and _proportional(difference, link[0], positive=True)), None)
+        if match is None:
+            return False
+        unused.remove(match)
+    return True
 
 # ------------------------------------------------------------------- numbers
 
@@ -308,7 +496,7 @@ def _as_fraction(s):
 
 # --------------------------------------------------------- LaTeX -> sympy
 
-_TOKEN = re.compile(r"\s+|(\\[A-Za-z]+|\\[{}]|\d+(?:\.\d*)?|\.\d+|[A-Za-z]+|[-+*/^(){}\[\]])")
+_TOKEN = re.compile(r"\s+|(\\[A-Za-z]+|\\[{}]|\d+(?:\.\d*)?|\.\d+|[A-Za-z]+|[-+*/^(){}\[\]_=])")
 _FUNCTIONS = {name: getattr(sympy, name) for name in
               ("sqrt", "root", "sin", "cos", "tan", "cot", "sec", "csc", "log", "exp")}
 _FUNCTIONS.update(ln=sympy.log, arcsin=sympy.asin, arccos=sympy.acos, arctan=sympy.atan)
@@ -316,9 +504,16 @@ _CONSTANTS = {"\\pi": "pi", "pi": "pi", "\\infty": "oo", "e": "E", "i": "I"}
 _GREEK = {"alpha", "beta", "gamma", "delta", "theta", "mu", "phi", "omega"}
 _OPERATORS = {"+": "+", "-": "-", "*": "*", "/": "/", "\\cdot": "*", "\\times": "*", "\\div": "/"}
 _CLOSERS = {"(": ")", "{": "}", "[": "]"}
-_NAMES = {**_FUNCTIONS, "pi": sympy.pi, "E": sympy.E, "I": sympy.I, "oo": sympy.oo,
+# Opaque terms: x_1 is Subscript(x, 1), \sum_{k=a}^{b} t is SumOf(t, k, a, b); never evaluated,
+# each distinct one becomes a variable of its own once the expression is read.
+_OPAQUE = {"Subscript": sympy.Function("Subscript"), "SumOf": sympy.Function("SumOf"),
+           "ProductOf": sympy.Function("ProductOf")}
+_BIG_OPERATORS = {"\\sum": "SumOf", "\\prod": "ProductOf"}
+_CALLS = {*_FUNCTIONS, *_OPAQUE}  # names followed by their arguments, not by an implicit product
+_NAMES = {**_FUNCTIONS, **_OPAQUE, "pi": sympy.pi, "E": sympy.E, "I": sympy.I, "oo": sympy.oo,
           "Integer": sympy.Integer, "Rational": sympy.Rational, "Add": sympy.Add,
           "Mul": sympy.Mul, "Pow": sympy.Pow, "__builtins__": {}}
+_BOUND = "#"  # marks a sum's variable in its body: `\sum_{i=1}^{n} i` sums i, not sqrt(-1)
 
 
 class _NotMath(ValueError):
@@ -341,7 +536,11 @@ def _to_sympy(s):
                           global_dict=dict(_NAMES), transformations=(), evaluate=False)
         if _bit_bound(expr) > MAX_BITS:  # a tower of powers: refuse before evaluating
             return None
-        return expr.doit()
+        expr = expr.doit()
+        if any(name in _OPAQUE for name in python):
+            opaque = expr.atoms(AppliedUndef)  # replaced outermost first: a sum's terms go with it
+            expr = expr.xreplace({term: sympy.Symbol(str(term)) for term in opaque})
+        return expr
     # sympy raises many exception types (TypeError, ValueError, SyntaxError,
     # RecursionError, its own errors) on odd input; any of them means "unreadable".
     except Exception:
@@ -350,7 +549,9 @@ def _to_sympy(s):
 
 def _tokenize(s):
     """LaTeX tokens of s: `ab` is two letters (a product), `sin` one name;
-    a run of three or more letters is a word, never an expression."""
+    a run of three or more letters is a word, never an expression, and two
+    numbers in a row (`4 4`) are never joined or multiplied (`x^2 3` and
+    `\\log_2 8` are fine: `^` and `_` take one token)."""
     tokens, pos = [], 0
     while pos < len(s):
         match = _TOKEN.match(s, pos)
@@ -363,9 +564,16 @@ def _tokenize(s):
             if len(token) > 2:
                 raise _NotMath(token)
             tokens.extend(token)
+        elif (tokens and _is_number(token) and _is_number(tokens[-1])
+              and tokens[-2:-1] not in (["_"], ["^"])):
+            raise _NotMath("two numbers in a row")
         else:
             tokens.append(token)
     return tokens
+
+
+def _is_number(token):
+    return token[0].isdigit() or token[0] == "."
 
 
 def _read_sequence(tokens, pos, closer):
@@ -387,8 +595,16 @@ def _read_item(tokens, pos):
         raise _NotMath("missing argument")
     token, pos = tokens[pos], pos + 1
     name = token.lstrip("\\")
+    if token[0] == _BOUND:
+        return [token[1:]], pos
+    subscripted = len(token) == 1 and token.isalpha() or name in _GREEK
+    if subscripted and pos < len(tokens) and tokens[pos] == "_":  # x_1, F_{n-k-1}: an opaque variable
+        index, pos = _read_item(tokens, pos + 1)
+        return ["Subscript", "(", name, ",", *index, ")"], pos
     if token in _CLOSERS:
         inner, pos = _read_sequence(tokens, pos, _CLOSERS[token])
+        if not inner:
+            raise _NotMath("empty group")
         return ["(", *inner, ")"], pos
     if token == "\\frac":
         numerator, pos = _read_item(tokens, pos)
@@ -398,13 +614,18 @@ def _read_item(tokens, pos):
         index, pos = _read_sequence(tokens, pos + 1, "]")
         radicand, pos = _read_item(tokens, pos)
         return ["root", "(", *radicand, ",", *index, ")"], pos
-    if name in _FUNCTIONS:  # \sin x, \sin(x), \sin^2 x, \sqrt{2}
-        power = []
+    if name in _FUNCTIONS:  # \sin x, \sin(x), \sin^2 x, \sqrt{2}, \log_2 8
+        base, power = [], []
+        if name == "log" and pos < len(tokens) and tokens[pos] == "_":
+            index, pos = _read_item(tokens, pos + 1)
+            base = [",", *index]
         if pos < len(tokens) and tokens[pos] == "^":
             exponent, pos = _read_item(tokens, pos + 1)
             power = ["**", "(", *exponent, ")"]
         argument, pos = _read_item(tokens, pos)
-        return ["(", name, "(", *argument, ")", ")", *power], pos
+        return ["(", name, "(", *argument, *base, ")", ")", *power], pos
+    if token in _BIG_OPERATORS:
+        return _read_big_operator(tokens, pos, _BIG_OPERATORS[token])
     if token == "^":
         exponent, pos = _read_item(tokens, pos)
         return ["**", "(", *exponent, ")"], pos
@@ -414,18 +635,43 @@ def _read_item(tokens, pos):
         return [_CONSTANTS[token]], pos
     if name in _GREEK:
         return [name], pos
-    if token[0].isdigit() or token[0] == ".":
+    if _is_number(token):
         return [f"Integer({int(token)})" if token.isdigit() else f"Rational('{token}')"], pos
     if len(token) == 1 and token.isalpha():
         return [token], pos
     raise _NotMath(token)
 
 
+def _read_big_operator(tokens, pos, name):
+    """`\\sum_{k=a}^{b} body` (or \\prod): the opaque term name(body, k, a, b).
+    The body runs to the next + or - outside brackets, as a reader takes it."""
+    if tokens[pos:pos + 1] == ["\\limits"]:
+        pos += 1
+    variable = tokens[pos + 2] if pos + 3 < len(tokens) else ""
+    if not (tokens[pos:pos + 2] == ["_", "{"] and len(variable) == 1 and variable.isalpha()
+            and tokens[pos + 3] == "="):
+        raise _NotMath("a sum needs _{k=a}^{b}")
+    lower, pos = _read_sequence(tokens, pos + 4, "}")
+    if not lower or tokens[pos:pos + 1] != ["^"]:
+        raise _NotMath("a sum needs _{k=a}^{b}")
+    upper, pos = _read_item(tokens, pos + 1)
+    bound = tokens[:pos] + [_BOUND + variable if t == variable else t for t in tokens[pos:]]
+    body = []
+    while (pos < len(bound) and bound[pos] not in (")", "}", "]", "=")
+           and not (body and bound[pos] in ("+", "-"))):
+        piece, pos = _read_item(bound, pos)
+        body += piece
+    if not body:
+        raise _NotMath("a sum needs a body")
+    arguments = ["(", *body, ")", ",", variable, ",", "(", *lower, ")", ",", "(", *upper, ")"]
+    return [name, "(", *arguments, ")"], pos
+
+
 def _with_implicit_products(python):
     """Join Python tokens, writing the `*` that LaTeX leaves out (`2x`, `(a)(b)`)."""
     out = []
     for token in python:
-        ends_operand = out and (out[-1] == ")" or (out[-1][0].isalnum() and out[-1] not in _FUNCTIONS))
+        ends_operand = out and (out[-1] == ")" or (out[-1][0].isalnum() and out[-1] not in _CALLS))
         if ends_operand and (token == "(" or token[0].isalnum()):
             out.append("*")
         out.append(token)
@@ -474,6 +720,51 @@ def _sympy_equal(a, b):
     # As in _to_sympy: sympy's failures come in many types; all mean "not shown equal".
     except Exception:
         return False
+
+
+def _proportional(a, b, positive):
+    """True when a == c * b for a constant c != 0 (c > 0 when positive): with
+    variables, the ratio is the same at every sample point (at least two points
+    where neither is zero; where one is zero, so must the other be); without
+    variables, only when a == b."""
+    try:
+        if any(expr.has(sympy.zoo, sympy.nan) for expr in (a, b)):
+            return False
+        if a == b:
+            return True
+        variables = sorted(a.free_symbols | b.free_symbols, key=str)
+        if not variables:  # `1 = 2` and `3 = 5` are not one answer
+            return False
+        values = []
+        for numerator, denominator in _SAMPLE_POINTS:
+            point = {v: sympy.Rational(numerator + k, denominator) for k, v in enumerate(variables)}
+            value_a, value_b = a.subs(point), b.subs(point)
+            if not (value_a.is_finite and value_b.is_finite):
+                continue  # a pole: this point says nothing
+            zero_a, zero_b = _constants_equal(value_a, 0), _constants_equal(value_b, 0)
+            if zero_a != zero_b:
+                return False
+            if not zero_a:
+                values.append((value_a, value_b))
+        if len(values) < 2:
+            return False
+        (first_a, first_b), rest = values[0], values[1:]
+        if positive and _sign(first_a) * _sign(first_b) != 1:
+            return False
+        return all(_constants_equal(value_a * first_b, value_b * first_a) for value_a, value_b in rest)
+    # As in _to_sympy: sympy's failures come in many types; all mean "not shown equal".
+    except Exception:
+        return False
+
+
+def _sign(value):
+    """1, -1 or 0 (zero, or not a real number) for a constant."""
+    if value.is_Rational:
+        return (value.p > 0) - (value.p < 0)
+    approx = sympy.N(value, 40)
+    if not approx.is_real:
+        return 0
+    return 1 if approx > 0 else -1 if approx < 0 else 0
 
 
 def _constants_equal(a, b):

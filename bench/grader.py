@@ -11,8 +11,10 @@ Graders: `answers.is_equiv` (ours), math-verify (`pip install math-verify`),
 and the official Co-rewarding match, raw-string `==`.  Then it times
 `majority_vote` over 128 prompts x 8 answers, as one training step would, and
 the worst cases: adversarial answers (towers of powers, deep nesting, huge
-lists; tests/test_answers.py checks that each is refused before evaluation,
-this shows what that costs) and the extraction from a long response.
+lists, a long chain of inequalities, nested sums and subscripts;
+tests/test_answers.py checks that each is refused before evaluation or read
+within bounds, this shows what that costs) and the extraction from a long
+response.
 
     .venv/bin/python bench/grader.py
 """
@@ -33,7 +35,8 @@ import answers  # noqa: E402
 EVAL_DIR = ROOT / "data" / "eval"
 WORST_CASES = ["9^9^9^9", "2^{2^{2^{2^{2^{2}}}}}", "10^{10^{10}}", "((((2^{1000})^{1000})^{1000})^{1000})",
                "(x+y+z+w)^{1000}", "\\sin(10^{4000})", "{" * 500 + "1" + "}" * 500, "x" * 10_000, "1," * 5_000,
-               ",".join(f"x+{k}" for k in range(60)), "\\sqrt{" + "9" * 280 + "}"]
+               ",".join(f"x+{k}" for k in range(60)), "\\sqrt{" + "9" * 280 + "}",
+               "<".join(f"x^{{{k}}}" for k in range(1, 21)), "\\sum_{k=1}^{n}" * 40 + "k", "x_{" * 15 + "1" + "}" * 15]
 
 
 def load_gold_answers():

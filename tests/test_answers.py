@@ -76,12 +76,12 @@ EQUAL = [
     ("x+1", "1+x"), ("(a+5)(b+2)", "ab+2a+5b+10"), ("15x - 80", "-80+15x"), ("2k+2", "2(k+1)"),
     ("x^2-1", "(x-1)(x+1)"), ("\\frac{11+9a}{20}", "\\frac{9a+11}{20}"), ("\\cot x", "\\frac{\\cos x}{\\sin x}"),
     ("\\sin^2 x + \\cos^2 x", "1"), ("3R^2", "3 R^2"), ("-2 + 7i", "7i - 2"), ("i^2", "-1"),
-    ("e^{\\ln 2}", "2"), ("\\left(\\frac{1}{2}\\right)^2", "\\frac14"),
+    ("e^{\\ln 2}", "2"), ("\\left(\\frac{1}{2}\\right)^2", "\\frac14"), ("\\pi r^2", "r^2 \\pi"), ("2i x", "2xi"),
     # degrees, percent, dollars, units, `x =`
     ("30^\\circ", "30"), ("120^{\\circ}", "120"), ("50\\%", "50"), ("\\$18.90", "18.9"), ("\\$5", "5"),
     ("\\$32,\\!348", "32348"), ("5 \\text{ cm}", "5"), ("15\\mbox{ cm}^2", "15"), ("864 \\mbox{ inches}^2", "864"),
     ("5.4 \\text{ cents}", "5.4"), ("\\frac{270}7\\text{ degrees}", "\\frac{270}{7}"), ("7 inches", "7"),
-    ("x = 3", "3"), ("x=5", "5"), ("y = 2x + 3", "2x+3"), ("y=-2x", "-2x"), ("x \\in [-2,7]", "[-2,7]"),
+    ("x = 3", "3"), ("x=5", "5"), ("y = 2x + 3", "2x - y + 3 = 0"), ("y=-2x", "2x + y = 0"), ("x \\in [-2,7]", "[-2,7]"),
     ("5x - 7y + 11z + 4 = 0", "-5x + 7y - 11z - 4 = 0"),
     # tuples, intervals, matrices
     ("(1,2)", "(1, 2)"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac\\pi2)"),
@@ -119,6 +119,7 @@ DIFFERENT = [
     ("1+2i", "1-2i"), ("i", "1"), ("\\frac{1}{x}", "x"), ("e", "2.718281828"),
     # equations
     ("y = 2x + 3", "y = 2x - 3"), ("5x - 7y + 11z + 4 = 0", "5x - 7y + 11z - 4 = 0"), ("x = 3", "4"),
+    ("y = 2x + 3", "2x+3"), ("y=-2x", "-2x"),  # an equation between variables is no bare expression
     # tuples, intervals, matrices
     ("(1,2)", "(2,1)"), ("[1,2)", "(1,2)"), ("[1,2]", "[1,2)"), ("(1,2)", "\\{1,2\\}"), ("(1,2)", "1,2"),
     ("(1,2,3)", "(1,2)"), ("(-\\infty, 0]", "(-\\infty, 0)"), ("(2,12) \\cup (12,102)", "(2,102)"),
@@ -149,6 +150,182 @@ def test_different(a, b):
     assert is_equiv(b, a) is False
 
 
+# ----------------------------------------------- behaviours, equal and different
+#
+# Mixed numbers, commas, percent words, relations, chains, matrices, units,
+# braces, subscripts and sums: each behaviour has its own table of
+# (a, b, equal?) rows, checked both ways round, and the near misses (rows that
+# must stay different) sit next to the equal rows they resemble.
+
+
+def assert_verdict(a, b, equal):
+    assert is_equiv(a, b) is equal
+    assert is_equiv(b, a) is equal
+
+
+MIXED_NUMBERS = [
+    ("4 4/9", "40/9", True), ("4 4/9", "4\\frac{4}{9}", True), ("2 1/2", "2.5", True),
+    ("-4 4/9", "-\\frac{40}{9}", True), ("4 4 / 9", "40/9", True),
+    ("4 4/9", "44/9", False), ("2 1/2", "21/2", False), ("2 1/2", "1", False),
+    # b >= c is ambiguous: compared as text, the digits never joined or multiplied
+    ("4 9/4", "4 9/4", True), ("4 9/4", "49/4", False), ("4 9/4", "25/4", False), ("4 9/4", "9", False),
+    ("2 3", "23", False), ("2 3", "6", False), ("1 000", "1000", False),
+]
+
+COMMAS = [
+    ("1,234", "1234", True), ("32,349", "32349", True), ("1,234,567", "1234567", True), ("1,234.5", "1234.5", True),
+    ("1,\\!234", "1234", True), ("1{,}234", "1234", True), ("32, 349", "349, 32", True), ("1, 234", "\\{1,234\\}", True),
+    ("1, 234", "1234", False), ("32, 349", "32349", False), ("1,23", "123", False), ("1,2345", "12345", False),
+    ("12,34,567", "1234567", False),
+]
+
+PERCENT_WORDS = [
+    ("28 percent", "28", True), ("28 pct", "28\\%", True), ("28 percentage", "28", True), ("28\\text{ percent}", "28", True),
+    (extract_answer("so \\boxed{28 pct}"), "28", True), ("12.5 percent", "\\frac{25}{2}", True),
+    ("28 percent", "0.28", False), ("28 pct", "29", False), ("28 percent", "2.8", False),
+]
+
+INEQUALITIES = [
+    ("x \\le 5", "5 \\ge x", True), ("x < 1", "-x > -1", True), ("x \\leq 5", "x \\le 5", True),
+    ("x >= 2", "2 \\leqslant x", True), ("x < 2", "2x < 4", True), ("x<y", "x-y<0", True), ("x < y", "y > x", True),
+    ("x<5", "x\\le5", False), ("x < 1", "x > 1", False), ("x < 2", "-2x < -4", False), ("x \\ge 5", "x \\le 5", False),
+    ("x < 2", "x < 3", False), ("x^2 < 4", "x < 2", False), ("x<5", "5", False), ("x \\le 5", "x = 5", False),
+    # chains: the conjunction of their links, in any order
+    ("1 < x < 3", "3 > x > 1", True), ("1 < x < 3", "2 < 2x < 6", True), ("1 < x < 3", "-3 < -x < -1", True),
+    ("1 < x \\le 3", "3 \\ge x > 1", True),
+    ("1 < x < 3", "1 < x \\le 3", False), ("1 < x < 3", "x > 1", False), ("1 < x < 3", "1 < x < 4", False),
+    # no variable: compared as text
+    ("\\pi < 4", "\\pi < 4", True), ("1 < 2", "3 < 4", False), ("\\pi < 4", "4 > \\pi", False),
+]
+
+EQUATIONS = [
+    ("2x+4y-3=0", "y = -\\frac12 x + \\frac34", True), ("2x+4y=3", "4x+8y=6", True), ("x + y = 1", "y = 1 - x", True),
+    ("x = y", "y = x", True), ("2x = 6", "x - 3 = 0", True), ("x = 3", "3", True), ("3 = x", "3", True),
+    ("x = \\frac{\\pi}{2}", "\\frac\\pi2", True), ("x = 2i", "2i", True),
+    ("2x+4y=3", "2x+4y=6", False), ("2x+4y-3=0", "y = \\frac12 x + \\frac34", False), ("x^2 = 4", "x = 2", False),
+    ("y = 2x+1", "2x+1", False), ("y = \\frac1x", "xy = 1", False), ("2x = 6", "3", False), ("x = y", "x = 2y", False),
+]
+
+CHAINED_EQUALITIES = [
+    ("x = 2+3 = 5", "5", True), ("x=2+3=5", "x = 5", True), ("f(x) = (x+1)^2 = x^2+2x+1", "x^2+2x+1", True),
+    ("10 \\times 5 = 50", "50", True), ("A = \\frac{1}{2} \\cdot 6 = 3", "3.0", True),
+    ("x = 2+3 = 5", "2+3", True),  # 2+3 is 5: the middle is no different answer
+    ("x = 2+3 = 5", "6", False), ("x = 5 = 2+4", "5", False), ("10 \\times 5 = 50", "10", False),
+    # alternatives and lists are no chains
+    ("x = 2 \\text{ or } x = 3", "3", False), ("x = 1, y = 2", "2", False), ("x = 2, x = 3", "2, 3", True),
+]
+
+MATRICES = [
+    ("\\begin{pmatrix} 1 \\\\ 2 \\\\ \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", True),
+    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\\\ \\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", True),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\\\ \\end{pmatrix}", "\\begin{pmatrix} 2 \\\\ 1 \\end{pmatrix}", False),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\\\ \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\\\ 3 \\end{pmatrix}", False),
+    ("\\begin{pmatrix} 1 \\\\ \\end{pmatrix}", "\\begin{pmatrix} 1 & 0 \\end{pmatrix}", False),
+]
+
+UNITS_AND_PUNCTUATION = [
+    ("5 \\textnormal{ cm}", "5", True), ("5\\textnormal{cm}^2", "5", True), ("5 cm.", "5", True),
+    ("5 \\text{ cm}.", "5", True), ("7 inches.", "7", True), ("\\text{5 cm}", "5", True),
+    (extract_answer("\\boxed{42.}"), "42", True), (extract_answer("\\boxed{42,}"), "42", True), ("1, 2,", "2, 1", True),
+    ("5 \\textnormal{ cm}", "6", False), ("5 cm.", "0.5", False), ("42,", "420", False),
+    ("1,2,3,\\ldots", "1,2,3", False), ("1, 2, 3, ...", "1, 2, 3", False),  # an ellipsis is no trailing period
+]
+
+OUTER_BRACES = [
+    ("{-2021, 2021}", "\\pm 2021", True), ("{1, 2}", "\\{2, 1\\}", True), ("{1, 2}", "2, 1", True), ("{5}", "5", True),
+    ("{-2021, 2021}", "2021", False), ("{-2021, 2021}", "\\pm 2020", False), ("{1, 2}", "(1, 2)", False),
+    ("{1, 2}", "\\{1, 2, 3\\}", False),
+]
+
+SUBSCRIPTS_AND_SUMS = [
+    ("\\sum_{k=0}^{n-1} F_k F_{n-k-1}", "\\sum_{k=0}^{n-1} F_{n-k-1} F_k", True),
+    ("\\sum_{k=0}^{n-1} F_k F_{n-k-1}", "\\sum\\limits_{k=0}^{n-1} F_{n-1-k}F_{k}", True),
+    ("\\sum_{k=1}^{n} k^2 + 1", "1 + \\sum_{k=1}^{n} k \\cdot k", True),
+    ("2\\sum_{k=1}^{n} a_k", "\\sum_{k=1}^{n} a_k + \\sum_{k=1}^{n} a_k", True),
+    ("\\prod_{i=1}^{n} x_i", "\\prod_{i=1}^{n} x_{i}", True),
+    ("a_1 + a_2", "a_2 + a_1", True), ("(x_1 + x_2)^2", "x_1^2 + 2x_1x_2 + x_2^2", True), ("a_{n+1}", "a_{1+n}", True),
+    ("\\log_2 8", "3", True), ("\\log_{2} x", "\\frac{\\ln x}{\\ln 2}", True),
+    ("\\sum_{k=0}^{n-1} F_k F_{n-k-1}", "\\sum_{k=0}^{n-1} F_k F_{n-k}", False),
+    ("\\sum_{k=0}^{n-1} F_k F_{n-k-1}", "\\sum_{k=0}^{n} F_k F_{n-k-1}", False),
+    ("\\sum_{k=1}^{n} k", "\\prod_{k=1}^{n} k", False),
+    ("\\sum_{i=1}^{n} i^2", "\\sum_{i=1}^{n} (-1)", False),  # the sum's i is its variable, not sqrt(-1)
+    ("x_1", "x_2", False), ("x_1", "x", False), ("x_1", "x1", False), ("a_{n+1}", "a_n + 1", False),
+    ("\\log_2 8", "\\log_8 2", False),
+    # limits: a closed form, a renamed variable
+    ("\\sum_{k=1}^{n} k", "\\frac{n(n+1)}{2}", False), ("\\sum_{k=1}^{n} k", "\\sum_{j=1}^{n} j", False),
+]
+
+BEHAVIOURS = {"mixed_numbers": MIXED_NUMBERS, "commas": COMMAS, "percent_words": PERCENT_WORDS,
+              "inequalities": INEQUALITIES, "equations": EQUATIONS, "chained_equalities": CHAINED_EQUALITIES,
+              "matrices": MATRICES, "units_and_punctuation": UNITS_AND_PUNCTUATION,
+              "outer_braces": OUTER_BRACES, "subscripts_and_sums": SUBSCRIPTS_AND_SUMS}
+
+
+@pytest.mark.parametrize("a, b, equal", MIXED_NUMBERS)
+def test_plain_text_mixed_numbers(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+@pytest.mark.parametrize("a, b, equal", COMMAS)
+def test_comma_is_a_thousands_separator_only_in_strict_form(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+@pytest.mark.parametrize("a, b, equal", PERCENT_WORDS)
+def test_percent_words(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+@pytest.mark.parametrize("a, b, equal", INEQUALITIES)
+def test_inequalities(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+@pytest.mark.parametrize("a, b, equal", EQUATIONS)
+def test_equations(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+@pytest.mark.parametrize("a, b, equal", CHAINED_EQUALITIES)
+def test_chained_equalities(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+@pytest.mark.parametrize("a, b, equal", MATRICES)
+def test_matrix_trailing_row_break(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+@pytest.mark.parametrize("a, b, equal", UNITS_AND_PUNCTUATION)
+def test_units_and_trailing_punctuation(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+@pytest.mark.parametrize("a, b, equal", OUTER_BRACES)
+def test_outer_braces_around_a_list(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+@pytest.mark.parametrize("a, b, equal", SUBSCRIPTS_AND_SUMS)
+def test_subscripts_and_sums(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+@pytest.mark.parametrize("name", BEHAVIOURS)
+def test_each_behaviour_is_checked_both_ways(name):
+    verdicts = {equal for _, _, equal in BEHAVIOURS[name]}
+    assert verdicts == {True, False}, f"{name} needs equal and different cases"
+
+
+def test_normal_forms_of_the_new_readings():
+    assert normalize("4 4/9") == "(4+\\frac{4}{9})"
+    assert normalize("4 9/4") == "4 9/4"  # the space stays: never joined
+    assert normalize("32, 349") == "32,349" and normalize("32,349") == "32349"
+    assert normalize("28 pct") == normalize("28\\%") == "28"
+    assert normalize("x = 2+3 = 5") == "5"
+    assert normalize("y = 2x + 1") == "y=2x+1" and normalize("x = 3") == "3"
+    assert normalize("x \\leqslant 5") == normalize("x <= 5") == "x\\le5"
+
 # ---------------------------------------------------------------------- voting
 
 VOTES = [
@@ -165,6 +342,10 @@ VOTES = [
     (["2", "\\sqrt{4}", "3", "3"], "2"),  # a number and a radical in one class
     (["(1,2)", "(2,1)", "(1, 2)"], "(1,2)"),
     (["\\boxed{", "{" * 500, "5"], "5"),  # unreadable answers are ignored
+    (["44/9", "4 4/9", "40/9"], "4 4/9"),  # a mixed number joins its value, never the joined digits
+    (["32, 349", "32349", "349, 32"], "32, 349"),  # a list, not a thousands separator
+    (["x = 2+3 = 5", "5", "6", "6"], "x = 2+3 = 5"),  # a chain is its last right-hand side
+    (["y = 2x+1", "2x+1", "2x+1", "2x - y + 1 = 0"], "y = 2x+1"),  # tie: equations and expressions apart
 ]
 
 
@@ -203,6 +384,16 @@ ADVERSARIAL = [
     "\\left(\\right]\\{\\}\\cup\\cup,,,=",
     "__import__('os').system('echo hacked')",
     "\\sqrt[\\sqrt[\\sqrt[2]{2}]{2}]{2}^{\\pi^{\\pi^{\\pi}}}",
+    "()",
+    "{}",
+    "x<" * 300 + "x",
+    "<".join(f"x^{{{k}}}" for k in range(1, 21)),
+    "<".join(f"{k}x" for k in range(1, 60)),
+    "=".join(["x"] * 200),
+    "\\sum_{k=1}^{10^{10^{10}}} k^{9^{9^9}}",
+    "\\sum_{k=1}^{n}" * 40 + "k",
+    "x_{x_{x_{x_{x_{x_{x_{x_{x_{x_{1}}}}}}}}}}",
+    "1 " * 300,
 ]
 
 
@@ -399,12 +590,23 @@ def test_long_lists_are_compared_as_strings(no_cached_verdicts):
     assert is_equiv(",".join(few), ",".join(reversed(few))) is True
     assert is_equiv("(" + ",".join(few) + ")", "(" + ",".join(few[:-1]) + ",10.0)") is True
 
+
+
+def test_long_relation_chains_are_compared_as_text(no_cached_verdicts):
+    links = range(1, answers.MAX_PARTS + 6)  # more links than MAX_PARTS
+    chain, doubled = "<".join(f"{k}x" for k in links), "<".join(f"{2 * k}x" for k in links)
+    assert is_equiv(chain, chain) is True
+    assert is_equiv(chain, doubled) is False  # as inequalities these would be equal
+    few = range(1, 6)  # within MAX_PARTS: compared link by link
+    assert is_equiv("<".join(f"{k}x" for k in few), "<".join(f"{2 * k}x" for k in few)) is True
+
 # --------------------------------------------------------------------- threads
 
 
 def test_is_equiv_in_worker_threads():
     pairs = [("\\frac{1}{2}", "0.5", True), ("2\\sqrt{2}", "\\sqrt{8}", True), ("x+1", "x-1", False),
-             ("(1,2)", "(2,1)", False), ("\\cot x", "\\frac{\\cos x}{\\sin x}", True), ("9^9^9^9", "1", False)]
+             ("(1,2)", "(2,1)", False), ("\\cot x", "\\frac{\\cos x}{\\sin x}", True), ("9^9^9^9", "1", False),
+             ("x \\le 5", "5 \\ge x", True), ("2x+4y=3", "2x+4y=6", False), ("4 4/9", "44/9", False)]
     with ThreadPoolExecutor(4) as pool:
         verdicts = list(pool.map(lambda p: is_equiv(p[0], p[1]), pairs * 5))
     assert verdicts == [expected for _, _, expected in pairs] * 5
