@@ -13,7 +13,7 @@ can be stopped and started again at will, as the run checkpoints let it go on wh
 After the runs (and with --plot-only, from whatever the runs have logged so far) it draws
 OUT/eval.png and OUT/train.png (plot.py) and writes OUT/table.md: for each method, the first,
 best and last evaluation of avg@k, greedy and maj@k, as the mean over seeds and the min-max over
-seeds.
+seeds, and the step at which each seed's collapse warning first fired.
 """
 import argparse
 import os
@@ -23,6 +23,7 @@ import sys
 import checkpoint
 import plot
 from rewards import METHODS
+from train import CollapseWatch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -51,13 +52,21 @@ def command(path, method, seed, steps, extra):
     return base + ["--method", method, "--seed", str(seed), "--steps", str(steps), "--overwrite", *extra]
 
 
+def first_warning(records):
+    """The step at which train.py's collapse warning first fired in a run (replayed from its
+    metrics, so runs logged before a rule existed are judged by today's rules), or None."""
+    watch = CollapseWatch()
+    return next((r["step"] for r in records if "unanimous" in r and watch.update(r)), None)
+
+
 def table(runs):
     """Markdown: per method, the first, best and last evaluation of each metric, mean over seeds
-    (min-max in brackets when there are several)."""
+    (min-max in brackets when there are several), and the step of each seed's first collapse
+    warning (– where none fired)."""
     metrics = [key for key, _ in plot.EVAL_KEYS]
     labels = [label for _, label in plot.EVAL_KEYS]
-    lines = ["| method | seeds | step (last) | " + " | ".join(f"{m} first / best / last" for m in labels) + " |",
-             "|---|---|---|" + "---|" * len(metrics)]
+    lines = ["| method | seeds | step (last) | " + " | ".join(f"{m} first / best / last" for m in labels)
+             + " | collapse warning at step |", "|---|---|---|" + "---|" * (len(metrics) + 1)]
     seeds = {}
     for method, seed, _ in runs:
         seeds.setdefault(method, set()).add(seed)
@@ -72,6 +81,8 @@ def table(runs):
             best = max(range(len(mean)), key=lambda i: mean[i])
             spread = lambda i: f" ({low[i]:.3f}–{high[i]:.3f})" if len(seeds[method]) > 1 else ""
             cells.append(" / ".join(f"{mean[i]:.3f}{spread(i)}" for i in (0, best, len(mean) - 1)))
+        warned = [first_warning(records) for m, _, records in sorted(runs, key=lambda r: r[1]) if m == method]
+        cells.append(", ".join("–" if step is None else str(step) for step in warned))
         lines.append(f"| `{method}` | {len(seeds[method])} | {last_step} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -79,5 +79,26 @@ def test_the_study_table_by_hand(tmp_path):
     ]]
     lines = study.table(runs).splitlines()
     # coreward1 avg@k: first 0.2; best: step 40 (mean 0.5 against 0.4 at step 20); last 0.5; greedy is avg@k + 0.1
-    assert lines[2] == ("| `gt` | 1 | 40 | 0.200 / 0.700 / 0.600 | 0.300 / 0.800 / 0.700 | 0.400 / 0.900 / 0.800 |")
+    assert lines[2] == ("| `gt` | 1 | 40 | 0.200 / 0.700 / 0.600 | 0.300 / 0.800 / 0.700 | 0.400 / 0.900 / 0.800 | – |")
     assert lines[3].startswith("| `coreward1` | 2 | 40 | 0.200 (0.200–0.200) / 0.500 (0.400–0.600) / 0.500 (0.400–0.600) | ")
+
+
+def test_the_study_table_shows_where_each_seed_was_warned(tmp_path):
+    """The collapse warning replayed from the metrics: seed 0 answers one thing to every question
+    from step 5 on (common_answer 0.9; the 10-step mean first reaches 0.5 at step 10: 6 x 0.9 + 4 x
+    0.1 = 5.8 / 10), seed 1 stays healthy."""
+    import study
+    hacked = {s: 0.9 if s >= 5 else 0.1 for s in range(1, 21)}
+    healthy = dict.fromkeys(range(1, 21), 0.1)
+    runs = []
+    for seed, common in ((1, healthy), (0, hacked)):
+        path = tmp_path / f"m{seed}"
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({"method": "majority", "seed": seed}))
+        lines = [{"step": 0, "eval_acc": 0.2, "eval_greedy": 0.3, "eval_maj": 0.4}]
+        lines += [{"step": s, "reward": 0.5, "unanimous": 0.1, "zero_variance": 0.3, "no_answer": 0.0,
+                   "truncated": 0.0, "common_answer": c} for s, c in common.items()]
+        (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        runs.append(plot.read_run(str(path)))
+    assert study.first_warning(runs[1][2]) == 10 and study.first_warning(runs[0][2]) is None
+    assert study.table(runs).splitlines()[2].endswith("| 10, – |")
