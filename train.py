@@ -309,11 +309,13 @@ class CollapseWatch:
     over the last WINDOW steps: at least 0.8 of the groups are unanimous (the policy says one answer
     to each question, right or wrong) or have zero reward variance (no learning signal); at least
     0.8 of the responses have no answer or are cut at the length limit (degenerate text); or the
-    most common majority answer is that of at least half the questions (one answer whatever the
-    question: the reward hack of a vote). It warns when a rule starts to hold, and again only
-    after the rules have stopped holding (a resumed run starts watching afresh)."""
+    most common majority answer is that of at least 0.3 of the questions (one answer whatever the
+    question: the reward hack of a vote; on the classroom's 16 questions a step, healthy runs stay
+    at or below 0.14, and the self-vote's collapse at lr 5e-4 reached 0.42). It warns when a rule
+    starts to hold, and again only after the rules have stopped holding (a resumed run starts
+    watching afresh)."""
     WINDOW = 10
-    THRESHOLDS = {"unanimous": 0.8, "zero_variance": 0.8, "no_answer": 0.8, "truncated": 0.8, "common_answer": 0.5}
+    THRESHOLDS = {"unanimous": 0.8, "zero_variance": 0.8, "no_answer": 0.8, "truncated": 0.8, "common_answer": 0.3}
 
     def __init__(self):
         self.history, self.firing = [], False
