@@ -73,13 +73,15 @@ def figure(runs, keys, path, title):
     cols = min(3, len(panels))
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    methods = sorted({m for _, _, s in panels for m in s})
+    from rewards import METHODS        # one colour and place per method in every figure
+    order = lambda m: (METHODS.index(m) if m in METHODS else len(METHODS), m)
+    methods = sorted({m for _, _, s in panels for m in s} | set(METHODS), key=order)
     colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
     seeds = defaultdict(set)
     for method, seed, _ in runs:
         seeds[method].add(seed)
     for ax, (key, label, s) in zip(axes.flat, panels):
-        for method, (steps, mean, low, high) in sorted(s.items()):
+        for method, (steps, mean, low, high) in sorted(s.items(), key=lambda item: order(item[0])):
             ax.plot(steps, mean, color=colors[method], label=f"{method} ({len(seeds[method])} seed(s))", lw=1.5)
             ax.fill_between(steps, low, high, color=colors[method], alpha=0.2, lw=0)
         ax.set_title(label, fontsize=10)
