@@ -5,7 +5,10 @@ Everything a Co-rewarding run needs, built in code, on any CPU, in minutes:
 1. Problems. Two-step arithmetic word problems in five shapes (a*b+c, a*b-c, a+b-c,
    (a+b)*c, (a-b)*c). Each problem has two views: the original and a rephrasing that keeps
    the numbers, the operations and the answer but changes the wording, the sentence order
-   and the real-world scenario, which is what the paper asks of its rephrasing model.
+   and the real-world scenario, which is what the paper asks of its rephrasing model. Each
+   view also carries a distractor sentence with its own irrelevant number; half of these are
+   traps that the base model often copies (DISTRACTORS), so that, as the paper assumes of
+   real models, some of its mistakes are tied to one wording.
    Problems are split by their mathematics (shape and numbers) into three disjoint sets:
    `warmup` (the supervised warm-up's data), `train` (the RL prompts) and `test` (held out).
 2. Responses look like real ones: worked steps, then the final answer in \\boxed{}.
