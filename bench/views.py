@@ -50,17 +50,6 @@ def main():
     count = collections.Counter()
     by_kind = collections.defaultdict(collections.Counter)
     for i, p in enumerate(pairs):
-        shape, a, b, c = p.maths
-        for view, trap in enumerate(p.traps):
-            copied = None if trap is None else str(world.worked_solution(shape, a, b, trap)[1])
-            k = by_kind["trap" if trap else "harmless"]
-            group, vote = answers[i + view * P], votes[i + view * P]
-            k["views"] += 1
-            k["sample right"] += sum(same(x, p.answer) for x in group) / len(group)
-            k["sample copies the trap"] += sum(same(x, copied) for x in group) / len(group)
-            k["vote right"] += same(vote, p.answer)
-            k["vote copies the trap"] += same(vote, copied)
-    for i, p in enumerate(pairs):
         original, rephrased = votes[i], votes[i + P]
         right = [same(original, p.answer), same(rephrased, p.answer)]
         count["votes agree"] += same(original, rephrased)
@@ -73,6 +62,16 @@ def main():
                 count["wrong self-votes"] += 1
                 count["other view right"] += same(other, p.answer)
                 count["other view the same wrong answer"] += same(other, own)
+        shape, a, b, _ = p.maths
+        for view, trap in enumerate(p.traps):
+            copied = None if trap is None else str(world.worked_solution(shape, a, b, trap)[1])
+            k = by_kind["trap" if trap else "harmless"]
+            group, vote = answers[i + view * P], votes[i + view * P]
+            k["views"] += 1
+            k["sample right"] += sum(same(x, p.answer) for x in group) / len(group)
+            k["sample copies the trap"] += sum(same(x, copied) for x in group) / len(group)
+            k["vote right"] += same(vote, p.answer)
+            k["vote copies the trap"] += same(vote, copied)
     print(f"{P} questions x 2 views x G={args.group_size}, temperature 1.0, {model}")
     for key in ("votes agree", "both right", "both wrong, one answer", "both wrong, differently", "one right, one wrong"):
         print(f"  {key:<36} {count[key]:>4}  ({count[key] / P:.0%} of questions)")
