@@ -309,13 +309,15 @@ class CollapseWatch:
     over the last WINDOW steps: at least 0.8 of the groups are unanimous (the policy says one answer
     to each question, right or wrong) or have zero reward variance (no learning signal); at least
     0.8 of the responses have no answer or are cut at the length limit (degenerate text); or the
-    most common majority answer is that of at least 0.3 of the questions (one answer whatever the
-    question: the reward hack of a vote; on the classroom's 16 questions a step, healthy runs stay
-    at or below 0.14, and the self-vote's collapse at lr 5e-4 reached 0.42). It warns when a rule
+    most common majority answer is that of at least 0.2 of the questions (one answer whatever the
+    question: the reward hack of a vote). On the classroom's 16 questions a step, the 10-step mean
+    of healthy runs sits near 0.12 (two questions sharing a small whole-number answer) and stayed
+    at or below 0.16 in every study run that did not collapse; the self-vote's two collapses at
+    lr 5e-4 passed 0.2 at steps 51 and 54 and reached 0.29 and 0.42. It warns when a rule
     starts to hold, and again only after the rules have stopped holding (a resumed run starts
     watching afresh)."""
     WINDOW = 10
-    THRESHOLDS = {"unanimous": 0.8, "zero_variance": 0.8, "no_answer": 0.8, "truncated": 0.8, "common_answer": 0.3}
+    THRESHOLDS = {"unanimous": 0.8, "zero_variance": 0.8, "no_answer": 0.8, "truncated": 0.8, "common_answer": 0.2}
 
     def __init__(self):
         self.history, self.firing = [], False

@@ -352,12 +352,12 @@ def test_the_collapse_warning_fires_on_a_collapsing_run_and_not_on_a_healthy_one
 def test_the_collapse_warning_fires_when_every_question_gets_one_answer():
     """The reward hack of a vote without unanimous groups: the groups still disagree a little, but
     more and more questions get the same majority answer. common_answer rises 0.1 -> 0.7 by 0.02 a
-    step; its mean over steps s-9..s is 0.1 + 0.02 (s - 5.5), first >= 0.3 at s = 15.5 -> step 16."""
+    step; its mean over steps s-9..s is 0.1 + 0.02 (s - 5.5), first >= 0.2 at s = 10.5 -> step 11."""
     rising = [min(0.7, 0.1 + 0.02 * i) for i in range(40)]
     hacked = _trajectory([0.2] * 40, [0.4] * 40, common_answer=rising)
     watch = train.CollapseWatch()
     warned = [(r["step"], w) for r in hacked if (w := watch.update(r))]
-    assert [s for s, _ in warned] == [16] and "common_answer 0.31" in warned[0][1]
+    assert [s for s, _ in warned] == [11] and "common_answer 0.21" in warned[0][1]
 
 
 class FakeWandb:
