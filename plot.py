@@ -11,7 +11,8 @@ Figures (PNG, matplotlib's Agg backend, so no display is needed):
 - eval.png: avg@k (`eval_acc`), greedy and maj@k on the evaluation set;
 - train.png: reward, label_acc, rollout_acc, response_len, entropy, and, where the runs logged
   them, the label-free diagnostics unanimous, distinct_answers, zero_variance, common_answer
-  and truncated.
+  and truncated; each seed's values are first averaged over its last TRAIN_WINDOW (10) steps, as
+  one step's numbers are too noisy to read.
 
 `series(runs, key)` returns what a panel draws, so that tests can check the numbers, not pixels.
 """
@@ -25,6 +26,8 @@ TRAIN_KEYS = (("reward", "reward"), ("label_acc", "label accuracy"), ("rollout_a
               ("response_len", "response tokens"), ("entropy", "entropy"), ("unanimous", "unanimous groups"),
               ("distinct_answers", "distinct answers per group"), ("zero_variance", "zero-variance groups"),
               ("common_answer", "questions with the most common answer"), ("truncated", "responses cut at the limit"))
+TRAIN_WINDOW = 10      # training metrics are per step (16 questions on the classroom world): each seed's line is
+                       # its trailing mean over 10 steps, the window of train.py's collapse warning
 
 
 def read_run(path):
@@ -46,13 +49,22 @@ def read_run(path):
     return config["method"], config["seed"], records
 
 
-def series(runs, key):
+def smooth(points, window):
+    """{step: value} -> {step: mean of the value at this step and the window - 1 logged before it}
+    (fewer at the start); window 1 leaves the points as they are."""
+    steps = sorted(points)
+    return {step: sum(points[s] for s in steps[max(0, i + 1 - window):i + 1]) / min(window, i + 1)
+            for i, step in enumerate(steps)}
+
+
+def series(runs, key, window=1):
     """{method: (steps, mean, low, high)} of `key` over the runs [(method, seed, records)]: at each
-    step every seed of the method logged `key` (not None), the mean, minimum and maximum over seeds.
-    Methods that never logged it are left out."""
+    step every seed of the method logged `key` (not None), the mean, minimum and maximum over seeds,
+    each seed first smoothed by a trailing mean over `window` logged steps. Methods that never
+    logged it are left out."""
     by_method = defaultdict(list)                  # method -> [{step: value}] one per seed
     for method, _, records in runs:
-        by_method[method].append({r["step"]: r[key] for r in records if r.get(key) is not None})
+        by_method[method].append(smooth({r["step"]: r[key] for r in records if r.get(key) is not None}, window))
     out = {}
     for method, seeds in by_method.items():
         steps = sorted(set.intersection(*(set(s) for s in seeds)))
@@ -62,12 +74,12 @@ def series(runs, key):
     return out
 
 
-def figure(runs, keys, path, title):
-    """One panel per key that some run logged; one line and band per method."""
+def figure(runs, keys, path, title, window=1):
+    """One panel per key that some run logged; one line and band per method (`series` with `window`)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = [(key, label, s) for key, label in keys if (s := series(runs, key))]
+    panels = [(key, label, s) for key, label in keys if (s := series(runs, key, window))]
     if not panels:
         return None
     cols = min(3, len(panels))
@@ -105,7 +117,8 @@ def main(argv=None):
     runs = [read_run(path) for path in args.runs]
     os.makedirs(args.out, exist_ok=True)
     written = [figure(runs, EVAL_KEYS, os.path.join(args.out, "eval.png"), "evaluation (mean over seeds, min-max band)"),
-               figure(runs, TRAIN_KEYS, os.path.join(args.out, "train.png"), "training (mean over seeds, min-max band)")]
+               figure(runs, TRAIN_KEYS, os.path.join(args.out, "train.png"),
+                      f"training (each seed's mean over {TRAIN_WINDOW} steps; mean over seeds, min-max band)", TRAIN_WINDOW)]
     for path in filter(None, written):
         print(f"wrote {path}")
 

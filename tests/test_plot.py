@@ -39,6 +39,20 @@ def test_the_series_are_the_mean_and_band_over_seeds(tmp_path):
     assert plot.series(runs, "unanimous") == {}
 
 
+def test_the_training_lines_are_each_seeds_trailing_mean(tmp_path):
+    """window 2: each seed's value is the mean of its step and the step logged before it (the
+    first step alone), and only then the mean and band over seeds are taken:
+    seed 0 0.1, 0.2, 0.6 -> 0.1, 0.15, 0.4; seed 1 0.3, 0.1, 0.2 -> 0.3, 0.2, 0.15."""
+    runs = [plot.read_run(p) for p in [_run(tmp_path, "a0", "majority", 0, [0.1, 0.2, 0.6], [(0, 0.2)]),
+                                       _run(tmp_path, "a1", "majority", 1, [0.3, 0.1, 0.2], [(0, 0.2)])]]
+    steps, mean, low, high = plot.series(runs, "reward", window=2)["majority"]
+    assert steps == [1, 2, 3]
+    assert low == pytest.approx([0.1, 0.15, 0.15]) and high == pytest.approx([0.3, 0.2, 0.4])
+    assert mean == pytest.approx([0.2, 0.175, 0.275])
+    assert plot.smooth({5: 1.0, 7: 2.0, 9: 6.0}, 10) == pytest.approx({5: 1.0, 7: 1.5, 9: 3.0})
+    assert plot.smooth({5: 1.0, 7: 2.0}, 1) == {5: 1.0, 7: 2.0}
+
+
 def test_plot_writes_the_figures(tmp_path):
     runs = [_run(tmp_path, f"r{s}", "majority", s, [0.1 * s, 0.2, 0.3], [(0, 0.2), (3, 0.3 + 0.1 * s)],
                  extra={"unanimous": 0.1, "zero_variance": 0.2, "distinct_answers": 3.0}) for s in range(3)]
