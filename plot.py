@@ -17,6 +17,7 @@ Figures (PNG, matplotlib's Agg backend, so no display is needed):
 `series(runs, key)` returns what a panel draws, so that tests can check the numbers, not pixels.
 """
 import argparse
+import io
 import json
 import os
 from collections import defaultdict
@@ -104,8 +105,11 @@ def figure(runs, keys, path, title, window=1):
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=90)
     plt.close(fig)
+    from PIL import Image          # matplotlib's own dependency: a 256-colour palette makes the PNG ~3x smaller
+    Image.open(buffer).convert("RGB").quantize(256).save(path, optimize=True)
     return path
 
 
