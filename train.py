@@ -312,8 +312,8 @@ class CollapseWatch:
     most common majority answer is that of at least 0.2 of the questions (one answer whatever the
     question: the reward hack of a vote). On the classroom's 16 questions a step, the 10-step mean
     of healthy runs sits near 0.12 (two questions sharing a small whole-number answer) and stayed
-    at or below 0.16 in every study run that did not collapse; the self-vote's two collapses at
-    lr 5e-4 passed 0.2 at steps 51 and 54 and reached 0.29 and 0.42. It warns when a rule
+    at or below 0.163 in every study run that did not collapse; the self-vote's three collapses
+    at lr 5e-4 passed 0.2 at steps 47-54 and reached 0.29-0.42. It warns when a rule
     starts to hold, and again only after the rules have stopped holding (a resumed run starts
     watching afresh)."""
     WINDOW = 10
