@@ -31,6 +31,12 @@ TRAIN_WINDOW = 10      # training metrics are per step (16 questions on the clas
                        # its trailing mean over 10 steps, the window of train.py's collapse warning
 
 
+def method_order(method):
+    """Sort key: the methods in rewards.METHODS's order, any other after them by name."""
+    from rewards import METHODS
+    return (METHODS.index(method) if method in METHODS else len(METHODS), method)
+
+
 def read_run(path):
     """(method, seed, records) of a run folder."""
     config_path, metrics_path = os.path.join(path, "config.json"), os.path.join(path, "metrics.jsonl")
@@ -87,14 +93,13 @@ def figure(runs, keys, path, title, window=1):
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
     from rewards import METHODS        # one colour and place per method in every figure
-    order = lambda m: (METHODS.index(m) if m in METHODS else len(METHODS), m)
-    methods = sorted({m for _, _, s in panels for m in s} | set(METHODS), key=order)
+    methods = sorted({m for _, _, s in panels for m in s} | set(METHODS), key=method_order)
     colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
     seeds = defaultdict(set)
     for method, seed, _ in runs:
         seeds[method].add(seed)
     for ax, (key, label, s) in zip(axes.flat, panels):
-        for method, (steps, mean, low, high) in sorted(s.items(), key=lambda item: order(item[0])):
+        for method, (steps, mean, low, high) in sorted(s.items(), key=lambda item: method_order(item[0])):
             ax.plot(steps, mean, color=colors[method], label=f"{method} ({len(seeds[method])} seed(s))", lw=1.5)
             ax.fill_between(steps, low, high, color=colors[method], alpha=0.2, lw=0)
         ax.set_title(label, fontsize=10)

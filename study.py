@@ -70,7 +70,7 @@ def table(runs):
     seeds = {}
     for method, seed, _ in runs:
         seeds.setdefault(method, set()).add(seed)
-    for method in sorted(seeds, key=lambda m: METHODS.index(m) if m in METHODS else len(METHODS)):
+    for method in sorted(seeds, key=plot.method_order):
         cells, last_step = [], None
         for key in metrics:
             steps, mean, low, high = plot.series(runs, key).get(method, ([], [], [], []))

@@ -99,8 +99,9 @@ def test_the_study_table_by_hand(tmp_path):
 
 def test_the_study_table_shows_where_each_seed_was_warned(tmp_path):
     """The collapse warning replayed from the metrics: seed 0 answers one thing to every question
-    from step 5 on (common_answer 0.9; the 10-step mean first reaches 0.5 at step 10: 6 x 0.9 + 4 x
-    0.1 = 5.8 / 10), seed 1 stays healthy."""
+    from step 5 on (common_answer 0.9; the first full 10-step window, steps 1-10, has mean
+    6 x 0.9 + 4 x 0.1 = 5.8 / 10, over the 0.2 limit: warned at step 10), seed 1 stays healthy
+    (0.1 throughout)."""
     import study
     hacked = {s: 0.9 if s >= 5 else 0.1 for s in range(1, 21)}
     healthy = dict.fromkeys(range(1, 21), 0.1)
