@@ -44,22 +44,29 @@ Policies:
 3. Numbers: integers, decimals, `a/b` and `\frac{a}{b}` become exact
    Fractions: `142.0` == `142`, `025` == `25`.
 4. Relations and expressions: a small LaTeX reader turns each side into sympy
-   (refusing anything it does not know), then: exact difference for
+   (refusing anything it does not know; it reads `\sin`, `\log_2`, `\sinh`,
+   `\Gamma`, `n!`, `\binom{n}{k}` and the like), then: exact difference for
    rationals, 40-digit numerics for other constants (`2\sqrt2` == `\sqrt8`),
-   and exact evaluation at fixed sample points for expressions with variables
+   and exact evaluation at SAMPLE_POINTS points for expressions with variables
    (`(a+5)(b+2)` == `ab+2a+5b+10`; Schwartz-Zippel identity testing).
+   The sampling rule: at each point every variable takes a value of its own,
+   a fraction p/q drawn from the variable's name and the point's number by a
+   fixed hash (1 <= |p| <= 99, q a prime from 11 to 97), so values are the
+   same on every run and unrelated between variables; two expressions are
+   equal when they agree at every point where both are defined, and at
+   MIN_AGREEING points at least.
    An equation is its difference lhs - rhs, and two equations are equal when
    one difference is a nonzero constant multiple of the other
-   (`2x+4y-3=0` == `y = -\frac12 x + \frac34`).  An inequality is written
-   d < 0 or d <= 0 (flipping > and >=); two are equal when the strictness is
-   the same and one d is a positive constant multiple of the other (`x \le 5`
-   == `5 \ge x`, `x < 1` == `-x > -1`, `x < 5` != `x \le 5`).  A chain
-   `1 < x \le 3` is the conjunction of its links, matched link to link in any
-   order.  Subscripted symbols (`x_1`, `F_{n-k-1}`) are opaque variables, and
-   `\sum_{k=a}^{b}` / `\prod_{k=a}^{b}` are opaque terms, never evaluated:
-   two sums are equal when their bounds, variable and body are equal after
-   sympy's own ordering of products and sums (`F_k F_{n-k-1}` ==
-   `F_{n-k-1} F_k` under the sum).
+   (`2x+4y-3=0` == `y = -\frac12 x + \frac34`): zero at the same points, and
+   the same ratio at all others.  An inequality is written d < 0 or d <= 0
+   (flipping > and >=); two are equal when the strictness is the same and one
+   d is a positive constant multiple of the other (`x \le 5` == `5 \ge x`,
+   `x < 1` == `-x > -1`, `x < 5` != `x \le 5`).  A chain `1 < x \le 3` is the
+   conjunction of its links, matched link to link in any order.  Subscripted
+   symbols (`x_1`, `F_{n-k-1}`) are opaque variables, and `\sum_{k=a}^{b}` /
+   `\prod_{k=a}^{b}` are opaque terms, never evaluated: two sums are equal
+   when their bounds, variable and body are equal after sympy's own ordering
+   of products and sums (`F_k F_{n-k-1}` == `F_{n-k-1} F_k` under the sum).
 
 Limits, judged different (or compared as text) though a reader might call
 them equal: an equation against a bare expression or value (`y = 2x+1`
@@ -71,25 +78,56 @@ variable (`\sqrt2 < 1.5`), chains of equalities with words or lists in them
 (`x = 2 \text{ or } x = 3`) and chains of more than MAX_PARTS links, compared
 as text; a sum against its closed form (`\sum_{k=1}^{n} k` against
 `\frac{n(n+1)}{2}`), with its variable renamed, or with a factor moved out of
-it; base-n numbers (`4210_{5}`), compared as text.
+it; base-n numbers (`4210_{5}`) and double factorials (`5!!`), compared as
+text; answers whose reading could hold huge numbers though their value is
+modest (`(5!)!`, `e^{e^{x}}`), refused by the bound.
+
+Bounded work.  A vote over hostile answers must not stall a training step, so:
+- sympy only sees answers of at most MAX_SYMPY_CHARS characters and nesting
+  MAX_NESTING;
+- the bound: every expression's number size is estimated on the unevaluated
+  reading (`_bit_bound`), and one that could need more than MAX_BITS bits is
+  refused and compared as text.  It covers every function application, not
+  only powers: an argument of b bits is below 2^b, so `x^y` has at most
+  bits(x) * 2^bits(y) bits, `e^x`, `\exp`, `\sinh`, `\cosh` about 1.45 * 2^bits,
+  `n!` and `\Gamma` about 2^bits * bits, a binomial as many as the factorial
+  of its larger argument; trigonometric functions, logs and the rest count as
+  large as their arguments, which bounds the work of evaluating them too.
+  `9^9^9^9`, `\exp(\exp(\exp(\exp(5))))` and `(10^{10})!` are refused, not
+  computed.  Functions are built only once the bound has passed: sympy
+  computes `factorial(10**10)` the moment it is built;
+- the time limit, a backstop for whatever the bound misses: sympy runs in a
+  helper process, and one is_equiv, answer_classes or majority_vote call gets
+  TIME_LIMIT seconds of its work in all.  When they run out the helper is
+  killed and replaced, the pair is judged different, the rest of the call is
+  compared as text (its verdicts are not cached), and an answer whose reading
+  alone took half the limit is compared as text from then on.  A warning says
+  so.  The helper uses no signals, so grading is safe in threads.
 
 Why our own grader and not math-verify (HF's verifier)?  On perturbed gold
-answers of the shipped eval sets (bench/grader.py) both are near perfect
-(ours 100% / 100%, math-verify 99.9% / 100% right on equal / different
-pairs), and math-verify reads more of LaTeX.  But its timeouts use
+answers of the shipped eval sets both are near perfect, and math-verify reads
+more of LaTeX (bench/grader.py measures both).  But its timeouts use
 `signal.alarm`, which only works in the main thread (in a worker it raises,
 unless timeouts are switched off, and then `2^{2^{2^{2^{2^2}}}}` hangs; in the
-main thread it takes its 5 s timeout); it is ~90x slower (~600 against ~55,000 pairs/s); and
-it rounds floats, so `0.333333` == `1/3` and `3.1415927` == `\pi`, which merges
-approximations with exact answers in a vote.  This grader uses no signals:
-sympy only sees answers of at most MAX_SYMPY_CHARS characters and nesting
-MAX_NESTING, and every expression's number size is bounded before it is
-evaluated (`9^9^9^9` is refused, not computed), so it is safe in threads.
+main thread it takes its 5 s timeout); it is far slower; and it rounds floats,
+so `0.333333` == `1/3` and `3.1415927` == `\pi`, which merges approximations
+with exact answers in a vote.
 """
 
+import atexit
+import dataclasses
 import functools
+import hashlib
+import json
 import math
+import os
 import re
+import select
+import subprocess
+import sys
+import threading
+import time
+import warnings
 from fractions import Fraction
 
 import sympy
@@ -101,6 +139,7 @@ MAX_NESTING = 20          # deeper bracket nesting is refused
 MAX_SYMPY_CHARS = 300     # longer expressions are compared as strings only
 MAX_PARTS = 20            # sets/tuples/relation chains with more parts are compared as strings only
 MAX_BITS = 20_000         # refuse numbers that could need more bits than this
+TIME_LIMIT = 1.0          # seconds of sympy work one is_equiv or majority_vote call may take
 
 # ---------------------------------------------------------------- extraction
 
@@ -176,6 +215,7 @@ def normalize(answer):
         return None
     s = _DROP.sub(lambda m: m.group(1) or (" " if m.group(2) else ""), answer)
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s).replace("{,}", ",")
+    s = re.sub(r"\\[dt]binom(?![A-Za-z])", r"\\binom", s)
     s = re.sub(_TEXT_COMMAND + r"\{\s*\}", "", s)
     s = _UNIT_TEXT.sub("", _TRAILING_PUNCTUATION.sub("", s))
     s = re.sub(_TEXT_COMMAND + r"\{([^{}]*)\}", r"\1", s)
@@ -301,9 +341,40 @@ def _nesting(s):
                 return None
     return deepest if depth == 0 and deepest <= MAX_NESTING else None
 
+# ------------------------------------------------------------- the time limit
+#
+# sympy's part of a comparison runs in a helper process, so that one that outlives
+# TIME_LIMIT can be stopped: the process is killed (a new one starts at once) and
+# the pair is judged different.  An answer whose reading alone used half the limit is
+# refused from then on: compared as text, without sympy.  A public call (is_equiv,
+# answer_classes, majority_vote) has TIME_LIMIT seconds in all; once they are spent,
+# the rest of it is compared as text, and none of its verdicts are cached.  The
+# bounds (MAX_BITS, _bit_bound) keep every answer known to be hostile far inside the limit: the limit
+# is the backstop for what they miss.  Waiting for a helper to start is not counted.
+
+_call = threading.local()  # .deadline of the public call running in this thread, .cut once it ran out
+
+
+def _within_time_limit(function):
+    """A public call gets TIME_LIMIT seconds of sympy work in all; calls inside it share them."""
+    @functools.wraps(function)
+    def limited(*args):
+        if getattr(_call, "deadline", None) is not None:
+            return function(*args)
+        _call.deadline, _call.cut = time.monotonic() + TIME_LIMIT, False
+        try:
+            return function(*args)
+        finally:
+            if _call.cut:  # verdicts reached after the time ran out may be wrong: keep none of them
+                _equiv_normalized.cache_clear()
+            _call.deadline = None
+    return limited
+
+
 # ------------------------------------------------------- structure and compare
 
 
+@_within_time_limit
 def is_equiv(a, b):
     """True when answers a and b are equal as mathematics; None -> False."""
     if a is None or b is None:
@@ -410,62 +481,7 @@ def _equiv_atoms(a, b):
     number_a, number_b = _as_fraction(a), _as_fraction(b)
     if number_a is not None and number_b is not None:
         return number_a == number_b
-    relation_a, relation_b = _relation(a), _relation(b)
-    if relation_a is not None or relation_b is not None:
-        if relation_a is None or relation_b is None:
-            return False
-        return _equiv_relations(relation_a, relation_b)
-    expr_a, expr_b = _to_sympy(a), _to_sympy(b)
-    if expr_a is None or expr_b is None:
-        return False
-    return _sympy_equal(expr_a, expr_b)
-
-
-def _relation(s):
-    """None when s has no relation sign outside brackets; else (kind, parts):
-    ("=", [lhs - rhs]) for an equation; ("<", [(d, strict), ...]) for an
-    inequality or a chain of them, each link written d < 0 or d <= 0; ("?", [])
-    for relations this module does not read (an unreadable side, a chain of
-    equations, = mixed with <, no variable at all, more than MAX_PARTS links),
-    which are compared as text."""
-    if not _RELATION_SIGN.search(s):
-        return None
-    sides, signs = _split_relations(s)
-    if not signs:
-        return None
-    if len(signs) > MAX_PARTS:
-        return "?", []
-    expressions = [_to_sympy(side) for side in sides]
-    if None in expressions or (len(signs) > 1 and "=" in signs):
-        return "?", []
-    if not any(expr.free_symbols for expr in expressions):  # `1 < 2` and `3 < 4` are not one answer
-        return "?", []
-    if signs == ["="]:
-        return "=", [expressions[0] - expressions[1]]
-    links = []
-    for left, sign, right in zip(expressions, signs, expressions[1:]):
-        difference = left - right if sign in ("<", "\\le") else right - left
-        links.append((difference, sign in ("<", ">")))
-    return "<", links
-
-
-def _equiv_relations(relation_a, relation_b):
-    """Equations: one difference a nonzero constant multiple of the other.
-    Inequalities: link for link in any order, the same strictness and one
-    difference a positive constant multiple of the other."""
-    (kind_a, parts_a), (kind_b, parts_b) = relation_a, relation_b
-    if kind_a != kind_b or kind_a == "?" or len(parts_a) != len(parts_b):
-        return False
-    if kind_a == "=":
-        return _proportional(parts_a[0], parts_b[0], positive=False)
-    unused = list(parts_b)
-    for difference, strict in parts_a:
-        match = next((link for link in unused if link[1] == strict
-                      and _proportional(difference, link[0], positive=True)), None)
-        if match is None:
-            return False
-        unused.remove(match)
-    return True
+    return _sympy.equal(a, b)  # relations and expressions: sympy, under the time limit
 
 # ------------------------------------------------------------------- numbers
 
@@ -496,10 +512,10 @@ def _as_fraction(s):
 
 # --------------------------------------------------------- LaTeX -> sympy
 
-_TOKEN = re.compile(r"\s+|(\\[A-Za-z]+|\\[{}]|\d+(?:\.\d*)?|\.\d+|[A-Za-z]+|[-+*/^(){}\[\]_=])")
+_TOKEN = re.compile(r"\s+|(\\[A-Za-z]+|\\[{}]|\d+(?:\.\d*)?|\.\d+|[A-Za-z]+|[-+*/^(){}\[\]_=!])")
 _FUNCTIONS = {name: getattr(sympy, name) for name in
-              ("sqrt", "root", "sin", "cos", "tan", "cot", "sec", "csc", "log", "exp")}
-_FUNCTIONS.update(ln=sympy.log, arcsin=sympy.asin, arccos=sympy.acos, arctan=sympy.atan)
+              ("sqrt", "root", "sin", "cos", "tan", "cot", "sec", "csc", "log", "exp", "sinh", "cosh", "tanh")}
+_FUNCTIONS.update(ln=sympy.log, arcsin=sympy.asin, arccos=sympy.acos, arctan=sympy.atan, Gamma=sympy.gamma)
 _CONSTANTS = {"\\pi": "pi", "pi": "pi", "\\infty": "oo", "e": "E", "i": "I"}
 _GREEK = {"alpha", "beta", "gamma", "delta", "theta", "mu", "phi", "omega"}
 _OPERATORS = {"+": "+", "-": "-", "*": "*", "/": "/", "\\cdot": "*", "\\times": "*", "\\div": "/"}
@@ -509,8 +525,14 @@ _CLOSERS = {"(": ")", "{": "}", "[": "]"}
 _OPAQUE = {"Subscript": sympy.Function("Subscript"), "SumOf": sympy.Function("SumOf"),
            "ProductOf": sympy.Function("ProductOf")}
 _BIG_OPERATORS = {"\\sum": "SumOf", "\\prod": "ProductOf"}
-_CALLS = {*_FUNCTIONS, *_OPAQUE}  # names followed by their arguments, not by an implicit product
-_NAMES = {**_FUNCTIONS, **_OPAQUE, "pi": sympy.pi, "E": sympy.E, "I": sympy.I, "oo": sympy.oo,
+_COMBINATORICS = {"factorial": sympy.factorial, "binomial": sympy.binomial}  # n!, \binom{n}{k}
+# The reader writes each function as an undefined one of the same name (sympy would
+# compute factorial(10**10) as soon as it is built); they become sympy's own only
+# once _bit_bound has found the expression small enough (_realized).
+_REAL = {**_FUNCTIONS, **_COMBINATORICS}
+_DEFERRED = {name: sympy.Function(name) for name in _REAL}
+_CALLS = {*_REAL, *_OPAQUE}  # names followed by their arguments, not by an implicit product
+_NAMES = {**_DEFERRED, **_OPAQUE, "pi": sympy.pi, "E": sympy.E, "I": sympy.I, "oo": sympy.oo,
           "Integer": sympy.Integer, "Rational": sympy.Rational, "Add": sympy.Add,
           "Mul": sympy.Mul, "Pow": sympy.Pow, "__builtins__": {}}
 _BOUND = "#"  # marks a sum's variable in its body: `\sum_{i=1}^{n} i` sums i, not sqrt(-1)
@@ -534,8 +556,10 @@ def _to_sympy(s):
         symbols = {t: sympy.Symbol(t) for t in python if t.isalpha() and t not in _NAMES}
         expr = parse_expr(_with_implicit_products(python), local_dict=symbols,
                           global_dict=dict(_NAMES), transformations=(), evaluate=False)
-        if _bit_bound(expr) > MAX_BITS:  # a tower of powers: refuse before evaluating
+        if _bit_bound(expr) > MAX_BITS:  # a tower of powers, a huge factorial: refuse before evaluating
             return None
+        if any(name in _DEFERRED for name in python):
+            expr = _realized(expr)
         expr = expr.doit()
         if any(name in _OPAQUE for name in python):
             opaque = expr.atoms(AppliedUndef)  # replaced outermost first: a sum's terms go with it
@@ -581,6 +605,10 @@ def _read_sequence(tokens, pos, closer):
     out = []
     while pos < len(tokens) and tokens[pos] != closer:
         piece, pos = _read_item(tokens, pos)
+        if tokens[pos:pos + 1] == ["!"]:  # n!, (n+1)!: the factorial of the item before
+            if tokens[pos + 1:pos + 2] == ["!"] or piece[0] in ("**", *_OPERATORS.values()):
+                raise _NotMath("a double factorial or a misplaced !")
+            piece, pos = ["factorial", "(", *piece, ")"], pos + 1
         out += piece
     if closer is not None:
         if pos >= len(tokens):
@@ -610,6 +638,10 @@ def _read_item(tokens, pos):
         numerator, pos = _read_item(tokens, pos)
         denominator, pos = _read_item(tokens, pos)
         return ["(", *numerator, ")", "/", "(", *denominator, ")"], pos
+    if token == "\\binom":
+        top, pos = _read_item(tokens, pos)
+        bottom, pos = _read_item(tokens, pos)
+        return ["binomial", "(", *top, ",", *bottom, ")"], pos
     if token == "\\sqrt" and pos < len(tokens) and tokens[pos] == "[":
         index, pos = _read_sequence(tokens, pos + 1, "]")
         radicand, pos = _read_item(tokens, pos)
@@ -678,109 +710,384 @@ def _with_implicit_products(python):
     return " ".join(out)
 
 
+_ATOM_BITS = 4  # a symbol or a constant counts as a number below 16, as every sample value is
+_EXPONENTIAL = {"exp", "sinh", "cosh"}  # f(x) has about 1.45 |x| bits
+_FACTORIAL = {"factorial", "Gamma"}      # f(x) has about |x| log2 |x| bits
+
+
 def _bit_bound(expr):
-    """Upper estimate of the bits of any number expr evaluates to (variables
-    count as small numbers), computed without evaluating expr."""
+    """Upper estimate of the bits of any number expr evaluates to, computed on the
+    reader's unevaluated expression; math.inf when it cannot be bounded.  An
+    argument of b bits is below 2^b in size, so x^y has at most bits(x) * 2^bits(y)
+    bits (and so does the root), e^x, exp(x), sinh and cosh about 1.45 * 2^bits(x), x!
+    and Gamma(x) about 2^bits(x) * bits(x), and a binomial at most as many as the
+    factorial of its larger argument.  The other functions (trigonometric and their
+    inverses, log, tanh, sqrt) and the opaque terms count as large as their
+    arguments, which also bounds the work of evaluating them (sin(10^4000) needs
+    4,000 digits of pi)."""
     if expr.is_Rational:
         return max(expr.p.bit_length(), expr.q.bit_length(), 1)
     if not expr.args:  # symbols and constants
-        return 4
-    if expr.is_Pow:
-        exponent_bits = _bit_bound(expr.args[1])
-        if exponent_bits > 24:
+        return _ATOM_BITS
+    bits = [_bit_bound(arg) for arg in expr.args]
+    name = expr.func.__name__ if isinstance(expr, AppliedUndef) else None
+    if expr.is_Pow and expr.args[0] is sympy.E:  # e^x is exp(x)
+        name, bits = "exp", bits[1:]
+    if (expr.is_Pow and name is None) or name == "root":
+        return math.inf if bits[1] > 24 else bits[0] * 2.0 ** bits[1]
+    if name in _EXPONENTIAL or name in _FACTORIAL or name == "binomial":
+        largest = max(bits)
+        if largest > 24:
             return math.inf
-        return _bit_bound(expr.args[0]) * 2.0 ** exponent_bits
-    return sum(_bit_bound(arg) for arg in expr.args) + 1
+        return 1.45 * 2.0 ** largest + 1 if name in _EXPONENTIAL else 2.0 ** largest * largest + 1
+    if expr.is_Add or expr.is_Mul or name is not None:
+        return sum(bits) + 1
+    return math.inf  # nothing else comes out of the reader
+
+
+def _realized(expr):
+    """expr with the reader's undefined functions replaced by sympy's own (evaluated as
+    they are built); the rest stays unevaluated, for .doit()."""
+    if not expr.args:
+        return expr
+    args = [_realized(arg) for arg in expr.args]
+    if isinstance(expr, AppliedUndef) and expr.func.__name__ in _REAL:
+        return _REAL[expr.func.__name__](*args)
+    if all(new is old for new, old in zip(args, expr.args)):
+        return expr
+    return expr.func(*args, evaluate=False)
 
 # ------------------------------------------------------- sympy comparison
+#
+# The sampling rule is the module docstring's (step 4).  Different variables take
+# unrelated values, so a linear pattern between them (x + y = 1, or x, y, z in
+# arithmetic progression) holds at a point only by chance, and two different
+# polynomials of degree d agree at a point with chance at most about d / 4,000
+# (Schwartz-Zippel, over the ~4,000 values a variable can take).
 
-_SAMPLE_POINTS = [(3, 7), (5, 11), (-4, 13)]  # variable k takes (n + k) / d
+SAMPLE_POINTS = 6  # points at which expressions with variables are compared
+MIN_AGREEING = 4   # points that must be defined on both sides (for a ratio: nonzero on both)
+_PRIMES = (11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97)
+_TOLERANCE = sympy.Float("1e-30")  # relative: constants that are not rationals are compared to 40 digits
+_ZERO = (sympy.S.Zero, sympy.S.Zero)
 
 
-def _sympy_equal(a, b):
-    """Equal constants, or expressions equal at every sample point."""
+@functools.lru_cache(maxsize=100_000)
+def _sample_value(name, point):
+    """The value of the variable called name at sample point `point`."""
+    digest = hashlib.blake2b(f"{name}@{point}".encode(), digest_size=8).digest()
+    numerator = int.from_bytes(digest[:4], "big") % 198 - 99
+    numerator += numerator >= 0  # -99..-1 or 1..99
+    return sympy.Rational(numerator, _PRIMES[int.from_bytes(digest[4:], "big") % len(_PRIMES)])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sampled:
+    """An expression and its values at the sample points, each an (exact, 40-digit)
+    pair of numbers (complex ones too), or None where the expression is not finite."""
+    expr: sympy.Expr
+    values: tuple
+    has_variables: bool
+    undefined: bool  # it holds 1/0 or 0/0: no answer, not even equal to itself
+
+
+def _sampled(expr):
+    symbols = sorted(expr.free_symbols, key=str)
+    if expr.has(sympy.zoo, sympy.nan):
+        return _Sampled(expr, (None,) * SAMPLE_POINTS, bool(symbols), True)
+    if not symbols:
+        return _Sampled(expr, (_numeric(expr),) * SAMPLE_POINTS, False, False)
+    values = tuple(_numeric(expr.xreplace({symbol: _sample_value(str(symbol), point) for symbol in symbols}))
+                   for point in range(SAMPLE_POINTS))
+    return _Sampled(expr, values, True, False)
+
+
+def _numeric(value):
+    """(value, its 40-digit number), or None where value is not finite (a pole)."""
+    if value.is_Rational:
+        return value, value
+    if not value.is_finite:
+        return None
+    number = sympy.N(value, 40)
+    return (value, number) if number.is_finite else None
+
+
+@functools.lru_cache(maxsize=100_000)
+def _reading(s):
+    """What the atom s says, read and sampled once: ("expression", [(e, False)]);
+    ("=", [(lhs - rhs, False)]) for an equation; ("<", [(d, strict), ...]) for an
+    inequality or a chain of them, each link written d < 0 or d <= 0; ("?", []) for
+    relations this module does not read (an unreadable side, a chain of equations, =
+    mixed with <, no variable at all, more than MAX_PARTS links), which are compared
+    as text; None when s cannot be read.  Each e and d is _Sampled."""
+    # sympy raises many exception types (TypeError, ValueError, RecursionError, its own
+    # errors) on odd input; any of them means "unreadable".
     try:
-        if any(expr.has(sympy.zoo, sympy.nan) for expr in (a, b)):
-            return False  # 1/0 is no answer, not even equal to itself
-        if a == b:
-            return True
-        variables = sorted(a.free_symbols | b.free_symbols, key=str)
-        if not variables:
-            return _constants_equal(a, b)
-        agreed = 0
-        for numerator, denominator in _SAMPLE_POINTS:
-            point = {v: sympy.Rational(numerator + k, denominator) for k, v in enumerate(variables)}
-            value_a, value_b = a.subs(point), b.subs(point)
-            if not (value_a.is_finite and value_b.is_finite):
-                continue  # a pole: this point says nothing
-            if not _constants_equal(value_a, value_b):
+        sides, signs = _split_relations(s) if _RELATION_SIGN.search(s) else ([s], [])
+        if not signs:
+            expr = _to_sympy(s)
+            return None if expr is None else ("expression", [(_sampled(expr), False)])
+        if len(signs) > MAX_PARTS:
+            return "?", []
+        expressions = [_to_sympy(side) for side in sides]
+        if None in expressions or (len(signs) > 1 and "=" in signs):
+            return "?", []
+        if not any(expr.free_symbols for expr in expressions):  # `1 < 2` and `3 < 4` are not one answer
+            return "?", []
+        if signs == ["="]:
+            return "=", [(_sampled(expressions[0] - expressions[1]), False)]
+        links = []
+        for left, sign, right in zip(expressions, signs, expressions[1:]):
+            difference = left - right if sign in ("<", "\\le") else right - left
+            links.append((_sampled(difference), sign in ("<", ">")))
+        return "<", links
+    except Exception:
+        return None
+
+
+def _math_equal(a, b, progress=lambda: None):
+    """True when atoms a and b (normal forms, not both plain numbers) are the same
+    expression or relation.  Expressions: equal at every sample point.  Equations:
+    one difference a nonzero constant multiple of the other.  Inequalities: link for
+    link in any order, the same strictness and one difference a positive constant
+    multiple of the other.  Runs in the helper process (_SympyProcess), which is told
+    through progress() when each side has been read."""
+    reading_a = _reading(a)
+    progress()
+    reading_b = _reading(b)
+    progress()
+    if reading_a is None or reading_b is None:
+        return False
+    (kind_a, links_a), (kind_b, links_b) = reading_a, reading_b
+    if kind_a != kind_b or kind_a == "?" or len(links_a) != len(links_b):
+        return False
+    # As in _reading: sympy's failures come in many types; all mean "not shown equal".
+    try:
+        if kind_a == "expression":
+            return _same_expression(links_a[0][0], links_b[0][0])
+        if kind_a == "=":
+            return _proportional(links_a[0][0], links_b[0][0], positive=False)
+        unused = list(links_b)
+        for difference, strict in links_a:
+            match = next((link for link in unused if link[1] == strict
+                          and _proportional(difference, link[0], positive=True)), None)
+            if match is None:
                 return False
-            agreed += 1
-        return agreed >= 2
-    # As in _to_sympy: sympy's failures come in many types; all mean "not shown equal".
+            unused.remove(match)
+        return True
     except Exception:
         return False
+
+
+def _same_expression(a, b):
+    """Equal _Sampled expressions: equal at every sample point where both are defined."""
+    if a.undefined or b.undefined:
+        return False
+    if a.expr == b.expr:
+        return True
+    agreed = 0
+    for value_a, value_b in zip(a.values, b.values):
+        if value_a is None or value_b is None:
+            continue  # a pole: this point says nothing
+        if not _same_value(value_a, value_b):
+            return False
+        agreed += 1
+    return agreed >= MIN_AGREEING
 
 
 def _proportional(a, b, positive):
-    """True when a == c * b for a constant c != 0 (c > 0 when positive): with
-    variables, the ratio is the same at every sample point (at least two points
-    where neither is zero; where one is zero, so must the other be); without
-    variables, only when a == b."""
-    try:
-        if any(expr.has(sympy.zoo, sympy.nan) for expr in (a, b)):
-            return False
-        if a == b:
-            return True
-        variables = sorted(a.free_symbols | b.free_symbols, key=str)
-        if not variables:  # `1 = 2` and `3 = 5` are not one answer
-            return False
-        values = []
-        for numerator, denominator in _SAMPLE_POINTS:
-            point = {v: sympy.Rational(numerator + k, denominator) for k, v in enumerate(variables)}
-            value_a, value_b = a.subs(point), b.subs(point)
-            if not (value_a.is_finite and value_b.is_finite):
-                continue  # a pole: this point says nothing
-            zero_a, zero_b = _constants_equal(value_a, 0), _constants_equal(value_b, 0)
-            if zero_a != zero_b:
-                return False
-            if not zero_a:
-                values.append((value_a, value_b))
-        if len(values) < 2:
-            return False
-        (first_a, first_b), rest = values[0], values[1:]
-        if positive and _sign(first_a) * _sign(first_b) != 1:
-            return False
-        return all(_constants_equal(value_a * first_b, value_b * first_a) for value_a, value_b in rest)
-    # As in _to_sympy: sympy's failures come in many types; all mean "not shown equal".
-    except Exception:
+    """True when a == c * b for a constant c != 0 (c > 0 when positive): where one is
+    zero, so is the other, and the ratio is the same at every other point (at least
+    MIN_AGREEING of them); without variables, only when a == b."""
+    if a.undefined or b.undefined:
         return False
+    if a.expr == b.expr:
+        return True
+    if not (a.has_variables or b.has_variables):  # `1 = 2` and `3 = 5` are not one answer
+        return False
+    ratios = []
+    for value_a, value_b in zip(a.values, b.values):
+        if value_a is None or value_b is None:
+            continue
+        zero_a, zero_b = _same_value(value_a, _ZERO), _same_value(value_b, _ZERO)
+        if zero_a != zero_b:
+            return False
+        if not zero_a:
+            ratios.append((value_a, value_b))
+    if len(ratios) < MIN_AGREEING:
+        return False
+    (first_a, first_b), rest = ratios[0], ratios[1:]
+    if positive and _sign(first_a) * _sign(first_b) != 1:
+        return False
+    return all(_same_value(_times(value_a, first_b), _times(value_b, first_a)) for value_a, value_b in rest)
+
+
+def _same_value(a, b):
+    """Equal (exact, number) pairs: exactly, when their difference is rational (sympy
+    cancels `\\sqrt{N} + 1 - \\sqrt{N}` to 1), else to a relative 1e-30."""
+    difference = a[0] - b[0]
+    if difference == 0:
+        return True
+    if difference.is_Rational:
+        return False
+    return bool(abs(a[1] - b[1]) < _TOLERANCE * max(1, abs(a[1])))
+
+
+def _times(a, b):
+    return a[0] * b[0], a[1] * b[1]
 
 
 def _sign(value):
-    """1, -1 or 0 (zero, or not a real number) for a constant."""
-    if value.is_Rational:
-        return (value.p > 0) - (value.p < 0)
-    approx = sympy.N(value, 40)
-    if not approx.is_real:
+    """1, -1 or 0 (zero, or not a real number) for an (exact, number) pair."""
+    number = value[1]
+    if not number.is_real:
         return 0
-    return 1 if approx > 0 else -1 if approx < 0 else 0
+    return 1 if number > 0 else -1 if number < 0 else 0
+
+# ------------------------------------------------------- the helper process
+
+_STARTUP_LIMIT = 120.0  # seconds a new helper may take to import sympy
+_HELPER = "import json, sys; sys.path.insert(0, sys.argv[1]); import answers; answers._serve(json.loads(sys.argv[2]))"
+_refused = set()  # normal forms whose reading took over half the time limit
 
 
-def _constants_equal(a, b):
-    """Exact for rationals, 40 significant digits for other constants."""
-    difference = a - b
-    if difference == 0:
-        return True
-    if difference.is_Rational or not difference.is_number:
+class _SympyProcess:
+    """_math_equal in a helper process: one request a line on its stdin, `.` on its
+    stdout as each side is read, then the verdict.  One process per process that
+    grades (a forked child starts its own), shared by its threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._process, self._owner, self._ready = None, None, False
+
+    def equal(self, a, b):
+        if a in _refused or b in _refused or getattr(_call, "cut", False):
+            return False
+        asked = time.monotonic()
+        with self._lock:
+            self._start_if_needed()
+            waited = time.monotonic() - asked  # waiting for the lock or for a start is not counted
+            if getattr(_call, "deadline", None) is None:  # called outside a public call
+                return self._ask(["equal", a, b], time.monotonic() + TIME_LIMIT, blame=(a, b))
+            _call.deadline += waited
+            return self._ask(["equal", a, b], _call.deadline, blame=(a, b))
+
+    def clear(self):
+        """Clear the helper's caches (bench/grader.py times it cold); a new helper has none."""
+        with self._lock:
+            if self._ready and self._owner == os.getpid() and self._process.poll() is None:
+                self._ask(["clear"], time.monotonic() + _STARTUP_LIMIT, blame=())
+
+    def _ask(self, request, deadline, blame):
+        """The helper's reply to request; on time-out the helper is replaced, the
+        answer it was reading for over half the limit is refused, and False returned."""
+        self._process.stdin.write((json.dumps(request) + "\n").encode())
+        self._process.stdin.flush()
+        reply, side, side_started = b"", 0, time.monotonic()
+        while not reply.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._process.stdout], [], [], remaining)[0]:
+                return self._give_up(blame, side, side_started, f"the time limit ({TIME_LIMIT:g} s) ran out")
+            chunk = os.read(self._process.stdout.fileno(), 64)
+            if not chunk:
+                return self._give_up(blame, side, side_started,
+                                     f"the sympy helper process died (exit code {self._process.wait()})")
+            side += chunk.count(b".")
+            side_started = time.monotonic() if b"." in chunk else side_started
+            reply += chunk.replace(b".", b"")
+        return reply.strip() == b"1"
+
+    def _give_up(self, blame, side, side_started, why):
+        """Replace the helper, refuse the answer it was reading for over half the limit, judge different."""
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._process = None
+        self._start_if_needed(wait=False)  # the next helper imports sympy while this call goes on
+        if getattr(_call, "deadline", None) is not None:
+            _call.cut = True
+        if side < len(blame) and time.monotonic() - side_started >= TIME_LIMIT / 2:
+            _refused.add(blame[side])
+            why += f" reading {blame[side][:200]!r}; it is compared as text from now on"
+        else:
+            why += f" comparing {blame[0][:100]!r} with {blame[1][:100]!r}; judged different"
+        warnings.warn(f"answers: {why}", RuntimeWarning, stacklevel=2)
         return False
-    value = sympy.N(difference, 40)
-    scale = max(1, abs(sympy.N(a, 40)))
-    return bool(value.is_finite and abs(value) < sympy.Float("1e-30") * scale)
+
+    def _start_if_needed(self, wait=True):
+        if self._process is None or self._owner != os.getpid() or self._process.poll() is not None:
+            limits = {"MAX_SYMPY_CHARS": MAX_SYMPY_CHARS, "MAX_PARTS": MAX_PARTS, "MAX_BITS": MAX_BITS}
+            folder = os.path.dirname(os.path.abspath(__file__))
+            # A session of its own: a SIGTERM or Ctrl-C for the run's process group (which the run may
+            # catch, to save and stop) must not stop the helper mid-step; it ends when its stdin closes.
+            self._process = subprocess.Popen([sys.executable, "-c", _HELPER, folder, json.dumps(limits)],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                             start_new_session=True)
+            self._owner, self._ready = os.getpid(), False
+        if wait and not self._ready:
+            ready = select.select([self._process.stdout], [], [], _STARTUP_LIMIT)[0]
+            line = self._process.stdout.readline() if ready else b""
+            if line != b"ready\n":
+                self._process.kill()
+                self._process = None
+                raise RuntimeError(f"answers: the sympy helper process did not start within {_STARTUP_LIMIT:g} s "
+                                   f"(it said {line!r}); its error, if any, is above")
+            self._ready = True
+
+    def close(self):
+        if self._process is not None and self._owner == os.getpid():
+            self._process.stdin.close()
+            self._process.wait()
+
+
+def _serve(limits):
+    """The helper process: the parent's limits, then one reply a request until stdin closes."""
+    globals().update(limits)
+
+    def progress():
+        sys.stdout.write(".")
+        sys.stdout.flush()
+
+    print("ready", flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request[0] == "clear":
+            _clear_local_caches()
+            print("0", flush=True)
+        else:
+            print(int(_math_equal(request[1], request[2], progress)), flush=True)
+
+
+class _InProcess:
+    """_math_equal in this process, with no time limit: for tests that watch sympy's work."""
+
+    @staticmethod
+    def equal(a, b):
+        return _math_equal(a, b)
+
+    @staticmethod
+    def clear():
+        pass
+
+
+_sympy = _SympyProcess()
+atexit.register(_sympy.close)
+
+
+def _clear_local_caches():
+    for function in (normalize, _equiv_normalized, _as_fraction, _to_sympy, _reading, _sample_value):
+        function.cache_clear()
+
+
+def clear_caches():
+    """Forget every cached verdict, reading and normal form, here and in the helper process."""
+    _clear_local_caches()
+    _sympy.clear()
 
 # ------------------------------------------------------------------- voting
 
 
+@_within_time_limit
 def answer_classes(answers):
     """The classes of mathematically equal answers, each a list of its members in order, the
     classes in order of creation. None and unreadable answers are left out. Each answer joins the
@@ -807,6 +1114,7 @@ def answer_classes(answers):
     return [members[1:] for members in classes]
 
 
+@_within_time_limit
 def majority_vote(answers):
     """Representative of the largest class of equivalent answers (`answer_classes`), or None.
     Ties between equally large classes go to the class whose first member came first, and that

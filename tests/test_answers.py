@@ -4,14 +4,20 @@ bounds on sympy's work, threads.
 Each table row is one case; the equivalence tables are checked both ways round
 (a, b) and (b, a), since is_equiv must be symmetric.  Speed is measured in
 bench/grader.py, not here: these tests check the mechanisms that bound the
-work (refusals before sympy evaluates anything), not wall-clock time."""
+work (refusals before sympy evaluates anything), and time only the one
+guarantee stated in seconds, answers.TIME_LIMIT."""
 
 import contextlib
+import math
+import random
 import json
+import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -255,10 +261,20 @@ SUBSCRIPTS_AND_SUMS = [
     ("\\sum_{k=1}^{n} k", "\\frac{n(n+1)}{2}", False), ("\\sum_{k=1}^{n} k", "\\sum_{j=1}^{n} j", False),
 ]
 
+FACTORIALS_AND_BINOMIALS = [
+    ("5!", "120", True), ("(n+1)!", "(n+1) n!", True), ("\\binom{6}{2}", "15", True),
+    ("\\dbinom{6}{2}", "\\binom{6}{4}", True), ("\\Gamma(5)", "4!", True), ("\\cosh^2 x - \\sinh^2 x", "1", True),
+    ("\\tanh x", "\\frac{\\sinh x}{\\cosh x}", True),
+    ("5!", "5", False), ("\\binom{6}{2}", "\\binom{6}{3}", False), ("n!", "n", False), ("(2n)!", "2n!", False),
+    ("\\Gamma(5)", "5!", False),
+    ("5!!", "15", False),  # limit: a double factorial is not read (compared as text)
+]
+
 BEHAVIOURS = {"mixed_numbers": MIXED_NUMBERS, "commas": COMMAS, "percent_words": PERCENT_WORDS,
               "inequalities": INEQUALITIES, "equations": EQUATIONS, "chained_equalities": CHAINED_EQUALITIES,
               "matrices": MATRICES, "units_and_punctuation": UNITS_AND_PUNCTUATION,
-              "outer_braces": OUTER_BRACES, "subscripts_and_sums": SUBSCRIPTS_AND_SUMS}
+              "outer_braces": OUTER_BRACES, "subscripts_and_sums": SUBSCRIPTS_AND_SUMS,
+              "factorials_and_binomials": FACTORIALS_AND_BINOMIALS}
 
 
 @pytest.mark.parametrize("a, b, equal", MIXED_NUMBERS)
@@ -309,6 +325,109 @@ def test_outer_braces_around_a_list(a, b, equal):
 @pytest.mark.parametrize("a, b, equal", SUBSCRIPTS_AND_SUMS)
 def test_subscripts_and_sums(a, b, equal):
     assert_verdict(a, b, equal)
+
+
+@pytest.mark.parametrize("a, b, equal", FACTORIALS_AND_BINOMIALS)
+def test_factorials_binomials_and_hyperbolic_functions(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+# ------------------------------------------ relations: a property test
+#
+# Random linear and quadratic relations in 2-4 variables, among them subscripted
+# variables and opaque sums.  Each relation P (an equation P = 0, or an inequality
+# P < 0 or P <= 0) is written twice: once multiplied by a nonzero constant (positive
+# for inequalities, or negative with the sign turned round) with its terms spread at
+# random over both sides, which must be equal to the original; and once with one
+# coefficient or the constant changed (or, for an inequality, the strictness), which
+# must be different.  Both are checked both ways round.
+
+PROPERTY_VARIABLES = ["x", "y", "z", "t", "x_1", "x_{2}", "F_{n-1}", "(\\sum_{k=1}^{n} k^2)",
+                      "(\\sum_{j=1}^{m} j)"]
+PROPERTY_SCALES = [Fraction(k) for k in (1, 2, 3, 5)] + [Fraction(1, 2), Fraction(3, 2), Fraction(2, 3)]
+RELATIONS_PER_KIND = 150  # equations and inequalities, each written equal and different: 600 pairs
+
+
+def latex_number(value):
+    """A Fraction as LaTeX: `3`, `\\frac{3}{2}` (without its sign)."""
+    value = abs(value)
+    return str(value.numerator) if value.denominator == 1 else f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+
+def latex_side(terms):
+    """Terms {monomial: coefficient} as one side of a relation; `0` when there are none."""
+    text = ""
+    for monomial, coefficient in terms:
+        sign = "-" if coefficient < 0 else "+"
+        magnitude = latex_number(coefficient)
+        body = magnitude if not monomial else ("" if magnitude == "1" else magnitude) + monomial
+        text += (sign if text or sign == "-" else "") + body
+    return text or "0"
+
+
+def random_polynomial(rng, quadratic):
+    """{monomial: nonzero Fraction} in 2-4 variables, with a constant term under key "" and at least 2 terms."""
+    variables = rng.sample(PROPERTY_VARIABLES, rng.randint(2, 4))
+    monomials = list(variables)
+    if quadratic:
+        products = [(u, v) for i, u in enumerate(variables) for v in variables[i:]]
+        monomials += [u + "^2" if u == v else u + v for u, v in rng.sample(products, rng.randint(1, 2))]
+    terms = {m: Fraction(rng.choice([-3, -2, -1, 1, 2, 3])) for m in monomials}
+    terms[""] = Fraction(rng.randint(-3, 3))
+    return {m: c for m, c in terms.items() if c}
+
+
+def write_relation(rng, terms, sign):
+    """`P sign 0` multiplied by a random nonzero constant, its terms spread over both sides."""
+    scale = rng.choice(PROPERTY_SCALES) * rng.choice([1, -1])
+    if scale < 0 and sign != "=":
+        sign = {"<": ">", "\\le": "\\ge"}[sign]
+    left, right = [], []
+    for monomial, coefficient in rng.sample(sorted(terms.items()), len(terms)):
+        if rng.random() < 0.5:
+            left.append((monomial, coefficient * scale))
+        else:
+            right.append((monomial, -coefficient * scale))
+    return f"{latex_side(left)} {sign} {latex_side(right)}"
+
+
+def relation_pairs(seed=0):
+    """(a, b, equal) pairs: 2 x RELATIONS_PER_KIND equations and as many inequalities."""
+    rng = random.Random(seed)
+    pairs = []
+    for index in range(2 * RELATIONS_PER_KIND):
+        sign = "=" if index % 2 == 0 else rng.choice(["<", "\\le"])
+        terms = random_polynomial(rng, quadratic=rng.random() < 0.5)
+        original = write_relation(rng, terms, sign)
+        pairs.append((original, write_relation(rng, terms, sign), True))
+        changed, other_sign = dict(terms), sign
+        if sign != "=" and rng.random() < 0.25:
+            other_sign = "<" if sign == "\\le" else "\\le"
+        else:
+            monomial = rng.choice(sorted(terms) + [""])
+            changed[monomial] = changed.get(monomial, Fraction(0)) + rng.choice([-2, -1, 1, 2])
+            changed = {m: c for m, c in changed.items() if c}
+        pairs.append((original, write_relation(rng, changed, other_sign), False))
+    return pairs
+
+
+RELATION_REGRESSIONS = [
+    ("y = a", "y = b", False), ("x < y", "x < z", False), ("x + z = 5", "2y = 5", False),
+    ("S = \\sum_{k=1}^{n} k", "S = \\sum_{k=1}^{n+1} k", False), ("3x + 3y = 3", "6x + 6y = 6", True),
+    ("x - 2y + z = 0", "2x - 4y + 2z = 0", True), ("x + y < 1", "2x + 2y < 2", True),
+]
+
+
+@pytest.mark.parametrize("a, b, equal", RELATION_REGRESSIONS)
+def test_relations_reported_wrong(a, b, equal):
+    assert_verdict(a, b, equal)
+
+
+def test_random_relations_equal_exactly_when_proportional():
+    pairs = relation_pairs()
+    assert len(pairs) == 4 * RELATIONS_PER_KIND
+    wrong = [(a, b, equal) for a, b, equal in pairs if is_equiv(a, b) != equal or is_equiv(b, a) != equal]
+    assert not wrong, f"{len(wrong)} of {len(pairs)} pairs judged wrong, e.g. {wrong[:5]}"
 
 
 @pytest.mark.parametrize("name", BEHAVIOURS)
@@ -448,20 +567,15 @@ def test_long_response_extraction():
 # MAX_BITS bits is refused after parsing (unevaluated) and before .doit().
 # These tests watch those refusals happen, by spying on sympy's entry points.
 
-CACHED = (answers.normalize, answers._equiv_normalized, answers._as_fraction, answers._to_sympy)
-
-
 @contextlib.contextmanager
 def fresh_caches():
     """A cached verdict would hide the path taken, and verdicts reached under
     a spy must not leak into other tests."""
-    for function in CACHED:
-        function.cache_clear()
+    answers.clear_caches()
     try:
         yield
     finally:
-        for function in CACHED:
-            function.cache_clear()
+        answers.clear_caches()
 
 
 @pytest.fixture
@@ -473,8 +587,9 @@ def no_cached_verdicts():
 class SympySpy:
     """Records what answers.py hands to sympy: the expressions parse_expr
     returns (unevaluated), the expressions evaluated with .doit(), and the
-    pairs compared by _sympy_equal.  With forbid=True, evaluating or
-    comparing raises instead of running, so a broken bound cannot hang."""
+    pairs of expressions compared by value.  With forbid=True, evaluating or
+    comparing raises instead of running, so a broken bound cannot hang.
+    sympy runs in this process (answers._InProcess), where the spy sees it."""
 
     def __init__(self):
         self.parsed, self.evaluated, self.compared = [], [], []
@@ -484,18 +599,18 @@ class SympySpy:
 @pytest.fixture
 def sympy_spy(monkeypatch):
     spy = SympySpy()
-    parse_expr, sympy_equal = answers.parse_expr, answers._sympy_equal
+    parse_expr, same_expression = answers.parse_expr, answers._same_expression
 
     def spied_parse_expr(*args, **kwargs):
         expr = parse_expr(*args, **kwargs)
         spy.parsed.append(expr)
         return expr
 
-    def spied_sympy_equal(a, b):
-        spy.compared.append((a, b))
+    def spied_same_expression(a, b):
+        spy.compared.append((a.expr, b.expr))
         if spy.forbid:
-            raise RuntimeError("_sympy_equal called")
-        return sympy_equal(a, b)
+            raise RuntimeError("_same_expression called")
+        return same_expression(a, b)
 
     def spied_doit(original):
         def doit(self, **hints):
@@ -505,8 +620,9 @@ def sympy_spy(monkeypatch):
             return original(self, **hints)
         return doit
 
+    monkeypatch.setattr(answers, "_sympy", answers._InProcess())
     monkeypatch.setattr(answers, "parse_expr", spied_parse_expr)
-    monkeypatch.setattr(answers, "_sympy_equal", spied_sympy_equal)
+    monkeypatch.setattr(answers, "_same_expression", spied_same_expression)
     for cls in (sympy.Basic, AssocOp):  # Pow and functions use Basic.doit, Add and Mul AssocOp.doit
         monkeypatch.setattr(cls, "doit", spied_doit(cls.__dict__["doit"]))
     with fresh_caches():
@@ -599,6 +715,99 @@ def test_long_relation_chains_are_compared_as_text(no_cached_verdicts):
     assert is_equiv(chain, doubled) is False  # as inequalities these would be equal
     few = range(1, 6)  # within MAX_PARTS: compared link by link
     assert is_equiv("<".join(f"{k}x" for k in few), "<".join(f"{2 * k}x" for k in few)) is True
+
+# ----------------------------------------------------------- hostile answers
+#
+# Short answers with astronomically large values: nested exponentials, functions of
+# huge arguments, huge factorials, binomials and Gamma values.  Each is refused by its
+# bit bound before sympy evaluates anything, and every call that meets it, through the
+# helper process as in a run, judges it different from a small integer well within
+# the time limit.  The time limit itself is tested with the bound switched off.
+
+HOSTILE = [
+    "\\exp(\\exp(\\exp(\\exp(5))))", "e^{e^{e^{e^{5}}}}", "\\exp(\\exp(\\exp(100)))", "\\exp(10^{10})",
+    "\\exp(\\exp(\\exp(x)))",
+    "\\sin(\\exp(\\exp(\\exp(5))))", "\\cos(10^{10^{5}})", "\\tan(e^{e^{e^{3}}})", "\\sin(\\exp(10^{6}))",
+    "\\sinh(\\cosh(\\exp(50)))", "\\cosh(10^{30})", "\\tanh(\\exp(\\exp(\\exp(9))))",
+    "\\arctan(\\exp(\\exp(\\exp(9))))", "\\sqrt{\\exp(\\exp(\\exp(7)))}",
+    "\\log(\\exp(\\exp(\\exp(\\exp(2)))))", "\\ln(\\ln(\\exp(\\exp(\\exp(\\exp(3))))))",
+    "(10^{10})!", "1000000!", "(100!)!", "((5!)!)!", "\\frac{(10^{9})!}{2}",
+    "\\binom{10^{12}}{10^{6}}", "\\binom{100!}{50}", "\\dbinom{2^{100}}{2^{50}}",
+    "\\Gamma(10^{9})", "\\Gamma(\\exp(\\exp(9)))", "\\Gamma(\\Gamma(\\Gamma(10)))",
+]
+
+
+@pytest.mark.parametrize("answer", HOSTILE)
+def test_hostile_answers_are_refused_before_evaluation(answer, sympy_spy):
+    sympy_spy.forbid = True
+    assert answers._to_sympy(normalize(answer)) is None
+    (parsed,) = sympy_spy.parsed  # it was read, and refused by its bit bound
+    assert answers._bit_bound(parsed) > MAX_BITS
+    assert sympy_spy.evaluated == []
+
+
+@pytest.fixture(scope="module")
+def running_helper():
+    """The helper process started: what is timed below is grading, not a start."""
+    assert is_equiv("x+1", "1+x") is True
+
+
+@pytest.mark.parametrize("answer", HOSTILE)
+def test_hostile_answers_are_judged_different_within_the_time_limit(answer, running_helper, no_cached_verdicts,
+                                                                     recwarn):
+    calls = [(lambda: is_equiv(answer, "3"), False), (lambda: is_equiv("3", answer), False),
+             (lambda: majority_vote([answer, "3", answer + "+1", "3"]), "3")]
+    slowest = 0.0
+    for call, expected in calls:
+        start = time.perf_counter()
+        assert call() == expected
+        slowest = max(slowest, time.perf_counter() - start)
+    assert slowest < answers.TIME_LIMIT
+    assert not [w for w in recwarn if "answers:" in str(w.message)], "the time limit, not the bound, stopped it"
+
+
+@pytest.fixture
+def unbounded_helper(monkeypatch, no_cached_verdicts):
+    """A new helper process without the bit bound (it takes its limits from this process)."""
+    monkeypatch.setattr(answers, "MAX_BITS", math.inf)
+    monkeypatch.setattr(answers, "_sympy", answers._SympyProcess())
+    monkeypatch.setattr(answers, "_refused", set())
+    assert is_equiv("x+1", "1+x") is True  # started: a start is not counted
+    yield
+    answers._sympy.close()
+
+
+def test_the_time_limit_stops_what_the_bounds_miss(unbounded_helper):
+    hostile = "\\exp(\\exp(\\exp(\\exp(5))))"  # without its bound, sympy would take hours
+    start = time.perf_counter()
+    with pytest.warns(RuntimeWarning, match="compared as text from now on"):
+        assert is_equiv(hostile, "3") is False
+    assert answers.TIME_LIMIT / 2 <= time.perf_counter() - start < answers.TIME_LIMIT + 0.5
+    assert normalize(hostile) in answers._refused
+    start = time.perf_counter()  # refused: compared as text, without sympy
+    assert majority_vote([hostile, "3", hostile, "3", "3"]) == "3"
+    assert time.perf_counter() - start < answers.TIME_LIMIT / 2
+    assert is_equiv("2\\sqrt2", "\\sqrt8") is True  # the helper that replaced the stopped one works
+
+
+def test_one_vote_spends_at_most_the_time_limit(unbounded_helper):
+    hostile = [f"\\exp(\\exp(\\exp(\\exp({k}))))" for k in range(5, 10)]
+    start = time.perf_counter()
+    with pytest.warns(RuntimeWarning, match="answers: the time limit"):
+        assert majority_vote(hostile + ["2", "\\sqrt{4}", "2"]) == "2"  # once the time is spent: as text
+    assert time.perf_counter() - start < answers.TIME_LIMIT + 0.5
+    assert is_equiv("\\sqrt{4}", "2") is True  # verdicts cut short were not cached
+
+
+def test_the_helper_is_out_of_reach_of_the_runs_signals(running_helper):
+    """train.py catches SIGTERM to save and stop: a signal to its process group must not stop the helper."""
+    assert os.getsid(answers._sympy._process.pid) != os.getsid(0)
+
+
+def test_a_helper_that_died_is_replaced(running_helper):
+    answers._sympy._process.kill()
+    answers._sympy._process.wait()
+    assert is_equiv("(c+1)^2", "c^2+2c+1") is True
 
 # --------------------------------------------------------------------- threads
 
