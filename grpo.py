@@ -9,7 +9,10 @@ The policy loss of one response token, with ratio ρ = π_θ / π_old at the sam
 (log-probs of logits / T), is PPO's clipped surrogate plus a KL penalty to a reference model
 (the low-variance "k3" estimator, always ≥ 0):
 
-    loss_t = -min(ρ A, clip(ρ, 1-ε, 1+ε) A) + β (exp(r_t) - r_t - 1),   r_t = log π_ref - log π_θ
+    loss_t = -min(ρ A, clip(ρ, 1-ε, 1+ε) A) + β min(exp(r_t) - r_t - 1, 10),   r_t = log π_ref - log π_θ
+
+(the k3 value clamped at 10, as verl's low_var_kl clamps it to [-10, 10]: a token the policy has
+moved far from the reference adds at most 10 β, and no KL gradient).
 
 π_old is the policy that sampled the batch; its log-probs are recomputed by the trainer
 rather than taken from the sampler, so that sampler/trainer numerical gaps never enter the
@@ -20,14 +23,19 @@ count or by a budget of padded tokens, each padded only to its own longest row. 
 from the decoder's last hidden states at response positions, through the output layer one chunk
 of tokens at a time (never a [B, T, V] tensor).
 
-NORMALISATION (the one place it is stated): the loss of an update is the mean over every
-response token of that update's mini-batch on all ranks,
+NORMALISATION (the one place it is stated): the loss of an update is, for each view in it, the
+mean over that view's response tokens of the update's mini-batch on all ranks, summed over views,
 
-    L = Σ_{ranks, sequences, response tokens} loss_t  /  N_tokens(global mini-batch).
+    L = Σ_views  Σ_{ranks, sequences of the view, response tokens} loss_t  /  N_tokens(view, global mini-batch).
 
-FSDP2 averages gradients over ranks (it divides the summed gradient by the world size W), so
-each rank backpropagates Σ_local loss_t / (N_tokens_global / W); micro-batches add their
-gradients up. The result is the gradient of L, whatever the number of ranks or micro-batches.
+A batch of one view (every method but the two-view ones, whose batch rows all carry view 0) is
+the plain token mean over the global mini-batch. Co-rewarding-I's objective is J(q) + J(q')
+(paper Eq. 6), and the official actor adds the two views' losses, each a token mean of its own
+(policy_loss_ori + policy_loss_aug): here each view's mean is over its tokens on all ranks, not
+per micro-batch as verl's is. FSDP2 averages gradients over ranks (it divides the summed gradient
+by the world size W), so each rank backpropagates Σ_local loss_t / (N_tokens(view, global) / W);
+micro-batches add their gradients up. The result is the gradient of L, whatever the number of
+ranks or micro-batches.
 
 Sharding: `fully_shard` on each decoder layer, then on the root, on every run (a world of one
 included), so that one code path runs from a laptop to a cluster. Models are built on the meta
@@ -245,22 +253,29 @@ def group_advantages(rewards, eps=1e-6):
     return (rewards - mean) / (std + eps)
 
 
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, normalizer):
-    """Token-summed GRPO loss over a micro-batch, divided by `normalizer` (see NORMALISATION).
-    logp, old_logp, ref_logp, mask [B, T-1]; advantages [B]. Returns (loss, clipped [B, T-1])."""
+VIEWS = 2                   # a batch's views: 0 the original questions, 1 their rephrasings
+KL_CLAMP = 10.0             # verl's low_var_kl clamps k3 to [-10, 10]
+
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, view, normalizers):
+    """GRPO loss over a micro-batch: each view's token sum divided by its normalizer, summed over
+    views (see NORMALISATION). logp, old_logp, ref_logp, mask [B, T-1]; advantages, view [B];
+    normalizers [VIEWS]. Returns (loss, clipped [B, T-1])."""
     ratio = torch.exp(logp - old_logp)                                             # [B, T-1]
     adv = advantages[:, None]
     policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
     log_r = ref_logp - logp
-    kl = torch.exp(log_r) - log_r - 1                                              # k3 ≥ 0
-    loss = ((policy_term + kl_coef * kl) * mask).sum() / normalizer
+    kl = (torch.exp(log_r) - log_r - 1).clamp(-KL_CLAMP, KL_CLAMP)                 # k3 ≥ 0
+    per_token = (policy_term + kl_coef * kl) * mask                                # [B, T-1]
+    loss = sum(per_token[view == v].sum() / normalizers[v] for v in view.unique().tolist())
     clipped = (ratio * adv > ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).float()
     return loss, clipped
 
 
-def loss_normalizer(n_tokens_local, world_size, device):
-    """N_tokens of the global mini-batch / world_size (see NORMALISATION)."""
-    n = torch.tensor(float(n_tokens_local), device=device)
+def loss_normalizers(mask, view, world_size):
+    """[VIEWS]: each view's response tokens in the global mini-batch / world_size (see NORMALISATION).
+    mask [B, T-1] and view [B] of this rank's rows of the mini-batch."""
+    n = torch.zeros(VIEWS, device=mask.device).index_add_(0, view, mask.sum(-1))
     dist.all_reduce(n)
     return n / world_size
 
@@ -274,6 +289,7 @@ class Batch:
     mask: torch.Tensor              # [N, T-1] 1 where position t predicts a response token
     advantages: torch.Tensor        # [N]
     sampler_logp: torch.Tensor      # [N, T-1] the sampler's log-probs (0 off the mask)
+    view: torch.Tensor              # [N] long: the view whose token mean the sequence's loss joins
 
     def __len__(self):
         return len(self.input_ids)
@@ -287,7 +303,7 @@ class Batch:
         mask = self.mask[idx]
         width = int(sequence_lengths(mask).max()) if len(mask) else 1
         return Batch(self.input_ids[idx][:, :width], mask[:, :width - 1], self.advantages[idx],
-                     self.sampler_logp[idx][:, :width - 1])
+                     self.sampler_logp[idx][:, :width - 1], self.view[idx])
 
 
 def sequence_lengths(mask):
@@ -297,7 +313,8 @@ def sequence_lengths(mask):
 
 
 def make_batch(samples, pad_id, device):
-    """samples: [N] rollout.Sample. Advantages start at zero; the caller sets them."""
+    """samples: [N] rollout.Sample. Advantages start at zero, and every sequence in view 0; the caller
+    sets the advantages, and the views of a two-view method's batch."""
     width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     mask = torch.zeros(len(samples), width - 1)
@@ -309,7 +326,8 @@ def make_batch(samples, pad_id, device):
         ids[i, :p + r] = torch.tensor(s.prompt_ids + s.token_ids)
         mask[i, p - 1:p + r - 1] = 1.0                     # logits at t predict token t+1
         slogp[i, p - 1:p + r - 1] = torch.tensor(s.logprobs)
-    return Batch(ids.to(device), mask.to(device), torch.zeros(len(samples), device=device), slogp.to(device))
+    return Batch(ids.to(device), mask.to(device), torch.zeros(len(samples), device=device), slogp.to(device),
+                 torch.zeros(len(samples), dtype=torch.long, device=device))
 
 
 # --------------------------------------------------------------------------------------------
@@ -419,7 +437,7 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     order = torch.randperm(len(batch)) if order is None else order
     lengths = batch.lengths()
     for update, mb in enumerate(order.to(m.device).chunk(cfg.mini_batches)):
-        normalizer = loss_normalizer(m[mb].sum().item(), world_size, m.device)
+        normalizers = loss_normalizers(m[mb], batch.view[mb], world_size)
         nonfinite = torch.zeros(2, device=m.device)          # [losses, sampler gaps] that are NaN or inf
         passes = micro_batches(lengths[mb], cfg)
         for j, part_rows in enumerate(passes):
@@ -431,7 +449,7 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
             old = logp.detach() if old_logp is None else old_logp[rows, :width]
             ref_part = ref_logp[rows, :width]
             loss, clipped = grpo_loss(logp, old, ref_part, part.advantages, part.mask, cfg.clip_eps, cfg.kl_coef,
-                                      normalizer)
+                                      part.view, normalizers)
             loss.backward()
             with torch.no_grad():
                 log_r = ref_part - logp

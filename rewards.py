@@ -12,8 +12,11 @@ Methods differ only in where the label comes from:
                (Co-rewarding-I)
     coreward2  the majority answer over G responses of the EMA teacher (teacher.py) to the
                same question (Co-rewarding-II)
-    coreward3  the majority answer over G teacher responses to the other view (beyond the
-               paper: the authors' later code)
+    coreward3  the majority answer over G teacher responses to the question's rephrasing;
+               the policy samples and trains on the original questions only (the two
+               combined, as the official Co-rewarding-II code does with data.use_aug=True)
+    coreward3_both  this project's variant of coreward3: the policy trains on both views,
+               each labelled by the teacher's vote on the other view
 
 Two baselines need no answer at all; their reward is computed from the policy's own token
 distributions over the response (`certainty_per_token`):
@@ -22,10 +25,12 @@ distributions over the response (`certainty_per_token`):
     entropy          minus the mean token entropy                  (RENT)
 
 A step's groups come as one flat list: groups [0, P) are the original questions and, when the
-run samples both views (`--views both`: coreward1 and coreward3 always, the others on request),
-[P, 2P) their rephrasings, so group i's twin is `twin(i) = (i + P) mod 2P`. The other methods
-train on the original questions only by default, as the official scripts do; with both views
-they treat the two as independent questions.
+run samples both views (`--views both`: the two-view methods coreward1 and coreward3_both
+always, the others on request), [P, 2P) their rephrasings, so group i's twin is
+`twin(i) = (i + P) mod 2P`. The other methods train on the original questions only by default,
+as the official scripts do; with both views they treat the two as independent questions. The
+teacher's groups come in the same order as the policy's: for coreward3 group i of the teacher
+answered the rephrasing of the policy's group i.
 
 Departure from the official code: answers are compared and voted on as mathematics
 (answers.py), not as raw strings, so "\\frac12", "0.5" and "1/2" are one answer.
@@ -36,8 +41,9 @@ import math
 
 import torch
 
-METHODS = ("gt", "majority", "coreward1", "coreward2", "coreward3", "self_certainty", "entropy")
-TEACHER_METHODS = ("coreward2", "coreward3")          # label with the EMA teacher's votes
+METHODS = ("gt", "majority", "coreward1", "coreward2", "coreward3", "coreward3_both", "self_certainty", "entropy")
+TEACHER_METHODS = ("coreward2", "coreward3", "coreward3_both")   # label with the EMA teacher's votes
+TWO_VIEW_METHODS = ("coreward1", "coreward3_both")               # label each view with the other's vote
 ANSWER_FREE_METHODS = ("self_certainty", "entropy")  # reward from the policy's token distributions
 
 
@@ -55,13 +61,14 @@ def labels_for(method, answers, ground_truth, teacher_answers=None):
     """One label per group.
 
     answers: [groups][G] extracted answers (None where a response has none), originals first, then
-      (coreward1, coreward3: always) their rephrasings.
+      (the two-view methods: always) their rephrasings.
     ground_truth: [groups] gold answers (used by `gt`, and by the metrics of every method).
-    teacher_answers: [groups][G] the teacher's answers to the same prompts (teacher methods only).
+    teacher_answers: [groups][G] the teacher's answers, group for group (teacher methods only): to the
+      same prompts, or for coreward3 to their rephrasings.
     """
     check_method(method)
     n = len(answers)
-    if method in ("coreward1", "coreward3") and n % 2:
+    if method in TWO_VIEW_METHODS and n % 2:
         raise ValueError(f"{method} needs each question's rephrasing: an even number of groups (originals, then "
                          f"rephrasings), got {n}")
     if method in ANSWER_FREE_METHODS:
@@ -73,9 +80,9 @@ def labels_for(method, answers, ground_truth, teacher_answers=None):
             raise ValueError(f"{method} needs the teacher's answers for each of the {n} groups")
         answers = teacher_answers
     votes = [majority_vote(group) for group in answers]
-    if method in ("majority", "coreward2"):
-        return votes                                  # the same question's vote
-    return [votes[twin(i, n)] for i in range(n)]      # coreward1, coreward3: the other view's vote
+    if method not in TWO_VIEW_METHODS:
+        return votes                                  # the vote on the same group (coreward3: on its rephrasing)
+    return [votes[twin(i, n)] for i in range(n)]      # the other view's vote
 
 
 def rewards_for(answers, labels):

@@ -5,19 +5,20 @@
     torchrun --nproc_per_node=8 train.py --method coreward1 --model Qwen/Qwen3-4B-Base --data openrs
 
 One step:
-1. take P questions; each rank takes P / world_size of them. Co-rewarding-I (and coreward3) take
-   each with its rephrasing q' (`--views both`, the only choice for them); every other method
-   trains on the original questions only (`--views original`, its default), as the official
-   scripts do, and `--views both` gives it the twins as two independent questions;
+1. take P questions; each rank takes P / world_size of them. The two-view methods (coreward1,
+   coreward3_both) take each with its rephrasing q' (`--views both`, the only choice for them);
+   every other method trains on the original questions only (`--views original`, its default),
+   as the official scripts do, and `--views both` gives it the twins as two independent questions;
 2. sample G responses to each question (and view) with the rollout engine (rollout.py);
 3. label each group and reward each response (rewards.py); for coreward1 the majority answer
    over the q' responses labels the q responses and vice versa; for coreward2 the EMA teacher
-   (teacher.py) samples G responses per question too and its majority is the label; the
+   (teacher.py) samples G responses per question too and its majority is the label; for
+   coreward3 the teacher answers the rephrasings instead (`--teacher_prompts rephrased`); the
    answer-free baselines (self_certainty, entropy) score responses by the policy's token
    distributions instead;
 4. normalise the rewards within each group into advantages, and take the clipped-GRPO update(s)
-   with a k3 KL penalty to the frozen start model, or to the teacher for coreward2/3 (grpo.py);
-   as J(q) + J(q') is one sum over tokens, the two views simply share one token-mean loss;
+   with a k3 KL penalty to the frozen start model, or to the teacher for the teacher methods
+   (grpo.py); a two-view method's loss is J(q) + J(q'), one token mean per view;
 5. move the teacher towards the policy (EMA), and load the updated weights into the engine.
 
 Outputs in --out: metrics.jsonl (a line per step; a line per evaluation), config.json (the
@@ -61,7 +62,8 @@ import data
 from eval import accuracies, benchmark_prompts, eval_counts
 from grpo import (NonFiniteError, StepConfig, full_weights, group_advantages, init_distributed, load_sharded, make_batch,
                   score_responses, train_step)
-from rewards import (ANSWER_FREE_METHODS, METHODS, TEACHER_METHODS, certainty_per_token, common_answer_share,
+from rewards import (ANSWER_FREE_METHODS, METHODS, TEACHER_METHODS, TWO_VIEW_METHODS, certainty_per_token,
+                     common_answer_share,
                      extract_answer, group_diagnostics, is_equiv, labels_for, majority_vote, rewards_for)
 from teacher import ema_decay, ema_update, teacher_rollout
 
@@ -76,7 +78,8 @@ PRESETS = {
     "official": dict(
         data="openrs", questions_per_step=128, group_size=8, epochs=3, lr=3e-6, weight_decay=0.01,
         warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
-        max_prompt_len=512, max_response_len=3072, mini_batches=2, micro_batch_size=2,
+        max_prompt_len=512, max_response_len=3072, micro_batch_size=2,
+        mini_batches=1,                 # one update per step: ppo_mini_batch_size = train_batch_size = 128
         max_tokens_per_micro_batch=16384,                          # fits 8 x 80 GB with room: bench/scale.py
         eval_data="math500", eval_every=20, eval_k=8, eval_limit=500, eval_temperature=0.8, dtype="bfloat16",
         cpu_kv_cache_gib=2.0, save_every=30,                       # save_every as the official scripts
@@ -85,16 +88,17 @@ PRESETS = {
 # A method is a set of argument values: these override the preset unless given on the command line.
 METHOD_DEFAULTS = {
     "coreward1": dict(views="both"),         # each view's vote labels the other's responses
-    # the KL anchor is the EMA teacher, weaker than to the start model; one update per step, as the official code
-    "coreward2": dict(kl_coef=0.001, mini_batches=1),
-    "coreward3": dict(kl_coef=0.001, views="both"),
+    # the KL anchor is the EMA teacher, weaker than to the start model
+    "coreward2": dict(kl_coef=0.001),
+    "coreward3": dict(kl_coef=0.001, teacher_prompts="rephrased"),
+    "coreward3_both": dict(kl_coef=0.001, views="both"),
 }
 VIEWS = ("original", "both")
-TWO_VIEW_METHODS = ("coreward1", "coreward3")      # their labels come from the other view
+TEACHER_PROMPTS = ("same", "rephrased")
 
 
 # The defaults of flags that neither the preset nor the method sets.
-DEFAULTS = dict(views="original", seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999, max_sampler_gap=0.1, keep_last=2,
+DEFAULTS = dict(views="original", teacher_prompts="same", seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999, max_sampler_gap=0.1, keep_last=2,
                 gpu_memory_utilization=0.3, defer_grad_sync=False)
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "wandb")
@@ -114,7 +118,10 @@ def build_parser(argument_default=None):
                                    "and answer columns) or a benchmark's questions (test-time training)")
     ap.add_argument("--views", choices=VIEWS,
                     help="'original': train on the original questions; 'both': each with its rephrasing (what "
-                         "coreward1 and coreward3 need; the default for them, 'original' for the others)")
+                         "coreward1 and coreward3_both need; the default for them, 'original' for the others)")
+    ap.add_argument("--teacher_prompts", choices=TEACHER_PROMPTS,
+                    help="what the EMA teacher answers: the policy's own prompts ('same', the default) or their "
+                         "rephrasings ('rephrased': coreward3's default)")
     ap.add_argument("--eval_data", help="'classroom' or a shipped benchmark (math500, gsm8k, amc, amc23, aime24, aime25)")
     ap.add_argument("--out", help="output folder (default: runs/METHOD)")
     ap.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier run in --out")
@@ -253,6 +260,10 @@ def check_settings(args, world_size):
     if args.method in TWO_VIEW_METHODS and args.views != "both":
         refuse(f"--method {args.method} labels each question's responses with its rephrasing's vote: it needs "
                f"--views both, not --views {args.views}")
+    if args.teacher_prompts == "rephrased" and (args.method not in TEACHER_METHODS or args.views != "original"):
+        refuse(f"--teacher_prompts rephrased has the EMA teacher answer the rephrasings of the original questions "
+               f"the policy trains on: it needs a teacher method ({', '.join(TEACHER_METHODS)}) and --views "
+               f"original, not --method {args.method} --views {args.views}")
     if args.questions_per_step % world_size:
         refuse(f"--questions_per_step {args.questions_per_step} must be divisible by the {world_size} ranks")
     views = 2 if args.views == "both" else 1
@@ -461,11 +472,12 @@ def main(argv=None):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # question -> prompt ids, encoded once: drop_long sees every prompt, the steps reuse them
     encode = functools.lru_cache(maxsize=None)(data.prompt_encoder(tokenizer, classroom))
+    rephrasings = "both" if args.views == "both" or args.teacher_prompts == "rephrased" else "original"
     pairs, args.test_time_training = (data.classroom_pairs("train"), False) if classroom else \
-        data.load_training(args.data, args.views)
+        data.load_training(args.data, rephrasings)
     if args.test_time_training and rank == 0:
         print(f"test-time training: the training questions are {args.data}'s test questions (as TTRL)")
-    if args.views == "original":                      # the rephrasings are not sampled: not read, not checked
+    if rephrasings == "original":                     # the rephrasings are not sampled: not read, not checked
         pairs = [dataclasses.replace(p, rephrased=None) for p in pairs]
     pairs = data.drop_long(pairs, encode, args.max_prompt_len)
     if args.steps is None:
@@ -550,21 +562,26 @@ def main(argv=None):
             t0 = time.perf_counter()
             # originals, then (--views both) rephrasings; each request seeded by who samples which question at which step
             views = (0, 1) if args.views == "both" else (0,)
-            prompts = [encode(p.rephrased if view else p.original) for view in views for p in mine]
-            seeds = lambda role: [request_seed(args.seed, role, step, i, view) for view in views for i in indices]
-            groups = engine.generate(prompts, args.group_size, args.temperature, args.max_response_len, seeds=seeds("policy"))
+            prompts = lambda views: [encode(p.rephrased if view else p.original) for view in views for p in mine]
+            seeds = lambda role, views: [request_seed(args.seed, role, step, i, view) for view in views for i in indices]
+            groups = engine.generate(prompts(views), args.group_size, args.temperature, args.max_response_len,
+                                     seeds=seeds("policy", views))
 
             teacher_answers = None
             if teacher is not None:
-                # the engine now serves the teacher, until the updated policy is loaded after the step
-                teacher_groups = teacher_rollout(engine, teacher, prompts, seeds("teacher"), args.group_size,
-                                                 args.temperature, args.max_response_len)
+                # the engine now serves the teacher, until the updated policy is loaded after the step;
+                # coreward3's teacher answers the rephrasings of the policy's questions
+                teacher_views = (1,) if args.teacher_prompts == "rephrased" else views
+                teacher_groups = teacher_rollout(engine, teacher, prompts(teacher_views), seeds("teacher", teacher_views),
+                                                 args.group_size, args.temperature, args.max_response_len)
                 teacher_answers = [[extract_answer(s.text) for s in g] for g in teacher_groups]
             t1 = time.perf_counter()
 
             gold = [p.answer for p in mine] * len(views)
             answers = [[extract_answer(s.text) for s in g] for g in groups]
             batch = make_batch([s for g in groups for s in g], tokenizer.pad_token_id or 0, device)
+            if args.method in TWO_VIEW_METHODS:      # J(q) + J(q'): one token mean per view (grpo.py, NORMALISATION)
+                batch.view = torch.arange(len(views), device=device).repeat_interleave(len(mine) * args.group_size)
             if args.method in ANSWER_FREE_METHODS:
                 labels = None
                 per_token = functools.partial(certainty_per_token, args.method)

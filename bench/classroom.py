@@ -65,7 +65,8 @@ def classroom_batch(seed=0):
     for i, (p, r) in enumerate(rows):
         ids[i, :len(p) + len(r)] = torch.tensor(p + r)
         mask[i, len(p) - 1:len(p) + len(r) - 1] = 1
-    return Batch(ids, mask, torch.randn(len(rows), generator=g), torch.zeros(len(rows), width - 1))
+    return Batch(ids, mask, torch.randn(len(rows), generator=g), torch.zeros(len(rows), width - 1),
+                 torch.zeros(len(rows), dtype=torch.long))
 
 
 def measure(batch, repeats, dtype=torch.float32, budget=None, compile_layers=False):

@@ -12,6 +12,8 @@ so that two ranks hold different token counts. Each case starts from fresh model
   short rows (5 and 6 tokens) packs one pass and the other (9 and 10) two, so the first splits its
   pass in two to match;
 - `deferred_sync`: the same with gradients reduce-scattered once per update;
+- `two_views`: two mini-batches of rows in two views (each view's token mean, summed), so that
+  each rank holds other token counts of each view;
 - `nan_on_one_rank` (N > 1 only): the last rank's sampler log-probs hold a NaN; every rank must
   stop with NonFiniteError, its weights unmoved.
 
@@ -52,14 +54,18 @@ def one_step(batch, mini_batches, order, **split):
 if __name__ == "__main__":
     rank, world, _ = init_distributed()
     per_rank = N // world
-    mine = _batch(n=N).rows(slice(rank * per_rank, (rank + 1) * per_rank))
+    full = _batch(n=N)
+    mine = full.rows(slice(rank * per_rank, (rank + 1) * per_rank))
+    full.view = torch.tensor([0, 1, 1, 0, 1, 1, 1, 0])
+    mine_two_views = full.rows(slice(rank * per_rank, (rank + 1) * per_rank))
     # Each rank takes its rows in order, so its mini-batch k is its k-th chunk. One rank holding
     # all 8 takes them as 0,1,4,5 | 2,3,6,7: the union of the two ranks' chunks k.
     order = torch.arange(per_rank) if world > 1 else \
         torch.arange(N).view(2, MINI_BATCHES, -1).transpose(0, 1).flatten()
     out = {"one_update": one_step(mine, 1, order), "two_updates": one_step(mine, MINI_BATCHES, order),
            "token_budget": one_step(mine, MINI_BATCHES, order, max_tokens_per_micro_batch=14),
-           "deferred_sync": one_step(mine, MINI_BATCHES, order, defer_grad_sync=True)}
+           "deferred_sync": one_step(mine, MINI_BATCHES, order, defer_grad_sync=True),
+           "two_views": one_step(mine_two_views, MINI_BATCHES, order)}
     if world > 1:
         if rank == world - 1:
             mine.sampler_logp[0, mine.mask[0].nonzero()[0, 0]] = float("nan")

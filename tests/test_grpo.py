@@ -1,4 +1,5 @@
 """The GRPO maths: advantages, loss, gradients, micro-batching, and 2 ranks against 1."""
+import dataclasses
 import os
 import re
 import subprocess
@@ -25,6 +26,9 @@ def test_advantages_by_hand():
     assert torch.allclose(a[2], torch.tensor([-0.5, -0.5, -0.5, 1.5]), atol=1e-5)
 
 
+ZERO_VIEW = torch.zeros(1, dtype=torch.long)
+
+
 def test_loss_by_hand():
     # one sequence, 3 tokens, the last one masked out
     logp = torch.tensor([[-1.0, -2.0, -0.5]])
@@ -32,7 +36,8 @@ def test_loss_by_hand():
     ref = torch.tensor([[-1.2, -2.0, -0.5]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     adv = torch.tensor([2.0])
-    loss, clipped = grpo_loss(logp, old, ref, adv, mask, clip_eps=0.2, kl_coef=0.1, normalizer=2.0)
+    loss, clipped = grpo_loss(logp, old, ref, adv, mask, clip_eps=0.2, kl_coef=0.1, view=ZERO_VIEW,
+                              normalizers=torch.tensor([2.0, 0.0]))
     # token 0: ratio 1 -> -2; k3 with r = -0.2: e^-0.2 + 0.2 - 1 = 0.0187308
     # token 1: ratio 1.6487 clipped to 1.2 (A > 0) -> -2.4; k3 with r = 0 -> 0
     expected = (-2.0 + 0.1 * 0.0187308 + -2.4) / 2.0
@@ -40,9 +45,35 @@ def test_loss_by_hand():
     assert clipped.tolist() == [[0.0, 1.0, 0.0]]
     # negative advantage: the ratio is clipped from below at 1 - eps only when it is below
     loss_neg, _ = grpo_loss(torch.tensor([[-1.5]]), torch.tensor([[-1.0]]), torch.tensor([[-1.5]]),
-                            torch.tensor([-1.0]), torch.tensor([[1.0]]), 0.2, 0.0, 1.0)
+                            torch.tensor([-1.0]), torch.tensor([[1.0]]), 0.2, 0.0, ZERO_VIEW, torch.ones(2))
     # ratio e^-0.5 = 0.6065 -> min(-0.6065 * -1 ... ) : -min(-0.6065, -0.8) = 0.8
     assert loss_neg.item() == pytest.approx(0.8, abs=1e-6)
+
+
+def test_two_views_each_take_their_own_token_mean(dist_world):
+    """J(q) + J(q'): view 0 has 4 response tokens (rows of 3 and 1), view 1 has 2. At ratio 1 and
+    no KL, each token's loss is -A: view 0 sums -(3 x 1 + 1 x 2) = -5, view 1 sums -(2 x -1) = 2."""
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    logp = torch.full((3, 3), -1.0, requires_grad=True)
+    view, adv = torch.tensor([0, 0, 1]), torch.tensor([1.0, 2.0, -1.0])
+    normalizers = grpo.loss_normalizers(mask, view, world_size=1)
+    assert normalizers.tolist() == [4.0, 2.0]
+    loss, _ = grpo_loss(logp, logp.detach(), logp.detach(), adv, mask, 0.2, 0.0, view, normalizers)
+    assert loss.item() == pytest.approx(-5 / 4 + 2 / 2)               # one mean over all 6 would be -3 / 6
+    loss.backward()                                                    # d/dlogp = -A / N_view on each token
+    assert torch.allclose(logp.grad, torch.tensor([[-1 / 4] * 3, [-2 / 4, 0, 0], [1 / 2, 1 / 2, 0]]))
+
+
+def test_the_kl_term_is_clamped_at_ten_as_verl_does():
+    """Token 0: log π_ref - log π_θ = 15, k3 = e^15 - 16, clamped to 10 (and no gradient); token 1:
+    r = -0.2, k3 = 0.0187308, kept. Advantage 0: only the KL term counts."""
+    logp = torch.tensor([[-15.0, -1.0]], requires_grad=True)
+    ref = torch.tensor([[0.0, -1.2]])
+    loss, _ = grpo_loss(logp, logp.detach(), ref, torch.zeros(1), torch.ones(1, 2), 0.2, 0.1, ZERO_VIEW,
+                        torch.tensor([2.0, 0.0]))
+    assert loss.item() == pytest.approx(0.1 * (10 + 0.0187308) / 2, abs=1e-6)
+    loss.backward()                                                    # d k3 / d logp = 1 - e^r, below the clamp
+    assert logp.grad[0, 0] == 0 and logp.grad[0, 1].item() == pytest.approx(0.1 * (1 - torch.e ** -0.2) / 2)
 
 
 def _tiny_model(seed=0):
@@ -62,7 +93,7 @@ def _batch(n=6, width=10, seed=1):
     for i in range(n):
         mask[i, 2:2 + 2 + i % 2 + 4 * (i >= n // 2)] = 1.0
     adv = torch.randn(n, generator=g)
-    return Batch(ids, mask, adv, torch.zeros(n, width - 1))
+    return Batch(ids, mask, adv, torch.zeros(n, width - 1), torch.zeros(n, dtype=torch.long))
 
 
 def naive_logprobs(model, input_ids, temperature):
@@ -157,7 +188,7 @@ def test_gradient_equals_reinforce_at_ratio_one():
     b = _batch()
     logp, _ = token_logprobs(model, b.input_ids, b.mask, temperature=0.7)
     n = b.mask.sum()
-    loss, clipped = grpo_loss(logp, logp.detach(), logp.detach(), b.advantages, b.mask, 0.2, 0.0, n)
+    loss, clipped = grpo_loss(logp, logp.detach(), logp.detach(), b.advantages, b.mask, 0.2, 0.0, b.view, n.repeat(2))
     grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
     assert clipped.sum() == 0
     reinforce = -(b.advantages[:, None] * logp * b.mask).sum() / n
@@ -225,7 +256,8 @@ def test_two_ranks_match_one_rank(tmp_path):
     """Same global batch: one rank holding all of it, or two ranks holding half each, with
     different token counts; one update, and two mini-batches in the same order, split into passes by
     count or by a token budget (the ranks then pack different numbers of passes), with gradients
-    reduced after every pass or once per update."""
+    reduced after every pass or once per update; and two mini-batches of rows in two views, each
+    view's tokens split unequally between the ranks."""
     out = {}
     for n in (1, 2):
         path = tmp_path / f"w{n}.pt"
@@ -235,7 +267,7 @@ def test_two_ranks_match_one_rank(tmp_path):
         assert res.returncode == 0, res.stderr[-3000:]
         out[n] = torch.load(path)
     start = _tiny_model().state_dict()
-    for case in ("one_update", "two_updates", "token_budget", "deferred_sync"):
+    for case in ("one_update", "two_updates", "token_budget", "deferred_sync", "two_views"):
         one, two = out[1][case], out[2][case]
         assert sorted(one) == sorted(two)
         for name in one:
@@ -249,6 +281,16 @@ def test_two_ranks_match_one_rank(tmp_path):
         assert "1 non-finite sampler log-prob gap" in outcome["stopped"] and not outcome["moved"]
 
 
+def _reference_loss(logp, old, ref_logp, batch, rows, cfg):
+    """The loss written out: the clipped surrogate plus k3, each view's token mean, summed over views."""
+    ratio, adv, mask = (logp - old).exp(), batch.advantages[rows, None], batch.mask[rows]
+    log_r = ref_logp - logp
+    term = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv) \
+        + cfg.kl_coef * (log_r.exp() - log_r - 1)
+    view = batch.view[rows]
+    return sum((term * mask)[view == v].sum() / mask[view == v].sum() for v in (0, 1) if (view == v).any())
+
+
 def _plain_reference_step(batch, order, mini_batches, lr, cfg):
     """The step written out on an unsharded model: π_old is the policy before the first update."""
     model, ref = _tiny_model(), _tiny_model()
@@ -259,8 +301,7 @@ def _plain_reference_step(batch, order, mini_batches, lr, cfg):
     norms = []
     for mb in order.chunk(mini_batches):
         logp = naive_logprobs(model, batch.input_ids[mb], cfg.temperature)
-        loss, _ = grpo_loss(logp, old[mb], ref_logp[mb], batch.advantages[mb], batch.mask[mb], cfg.clip_eps,
-                            cfg.kl_coef, batch.mask[mb].sum())
+        loss = _reference_loss(logp, old[mb], ref_logp[mb], batch, mb, cfg)
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item())
         opt.step()
@@ -282,6 +323,29 @@ def test_later_updates_take_their_ratio_against_the_sampling_policy(dist_world):
         assert torch.allclose(value, expected[name], atol=1e-5), name
     assert stats["clipped_sum"] > 0               # the first update's ratio is exactly 1: these clipped in the second
     assert norms[0] > norms[1] and stats["grad_norm"] == pytest.approx(max(norms), rel=1e-5)
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_a_two_view_step_matches_the_reference(dist_world, mini_batches):
+    """Rows in two views with unequal token counts, split into micro-batches of 3: the step is the
+    reference's (each view's token mean over the whole mini-batch, summed), and not the step of
+    one shared token mean."""
+    batch, lr = _batch(n=8), 1.0
+    batch.view = torch.tensor([0, 1, 1, 0, 1, 1, 1, 0])              # view 0: 2+3+7 tokens, view 1: 3+2+6+7+6
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(0))
+    cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=mini_batches, micro_batch_size=3,
+                     max_grad_norm=1e9)
+    stepped = {}
+    for views in ("two", "one"):
+        model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
+        one_view = dataclasses.replace(batch, view=torch.zeros(8, dtype=torch.long))
+        train_step(model, ref, torch.optim.SGD(model.parameters(), lr=lr), batch if views == "two" else one_view,
+                   cfg, 1, order=order)
+        stepped[views] = dict(full_weights(model))
+    expected, _ = _plain_reference_step(batch, order, mini_batches, lr, cfg)
+    for name, value in stepped["two"].items():
+        assert torch.allclose(value, expected[name], atol=1e-5), name
+    assert max((stepped["two"][k] - stepped["one"][k]).abs().max() for k in expected) > 1e-3
 
 
 @pytest.mark.parametrize("where, message", [

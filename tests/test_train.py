@@ -18,13 +18,14 @@ import torch
 
 import train
 import world
+from answers import majority_vote
 from conftest import ROOT
 from grpo import NonFiniteError, full_weights, group_advantages
 from teacher import ema_decay
 
-METHODS = ["gt", "majority", "coreward1", "coreward2", "coreward3", "self_certainty", "entropy"]
-TEACHER_METHODS = ["coreward2", "coreward3"]
-TWO_VIEW = ["coreward1", "coreward3"]              # the others train on the original questions by default
+METHODS = ["gt", "majority", "coreward1", "coreward2", "coreward3", "coreward3_both", "self_certainty", "entropy"]
+TEACHER_METHODS = ["coreward2", "coreward3", "coreward3_both"]
+TWO_VIEW = ["coreward1", "coreward3_both"]         # the others train on the original questions by default
 ANSWER_FREE = ["self_certainty", "entropy"]
 PAIRS, G, STEPS, EVAL_LIMIT = 8, 4, 2, 16
 SHORT = ["--steps", str(STEPS), "--questions_per_step", str(PAIRS), "--group_size", str(G), "--eval_limit", str(EVAL_LIMIT),
@@ -84,7 +85,8 @@ def run_in_process(out, method, *extra):
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
-    """Each method's run, made once: 2 steps of 8 questions (x 2 views for coreward1/3) x G=4, evaluations at steps 0
+    """Each method's run, made once: 2 steps of 8 questions (x 2 views for the two-view methods) x G=4, evaluations at
+    steps 0
     and 2. Each writes over a stale run with --overwrite."""
     runs = {}
 
@@ -268,6 +270,8 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
     (["--questions_per_step", "0"], 1, "--questions_per_step 0 must be at least 1"),
     (["--views", "original"], 1, "--method coreward1 labels each question's responses with its rephrasing's vote: it "
                                  "needs --views both, not --views original"),
+    (["--teacher_prompts", "rephrased"], 1, "--teacher_prompts rephrased has the EMA teacher answer the rephrasings of "
+                                            "the original questions the policy trains on: it needs a teacher method"),
     (["--eval_k", "0"], 1, "--eval_k 0 must be at least 1"),
     (["--max_response_len", "0"], 1, "--max_response_len 0 must be at least 1"),
     (["--max_prompt_len", "0"], 1, "--max_prompt_len 0 must be at least 1"),
@@ -416,12 +420,17 @@ def _prompts_of(call):
     return [tuple(ids[:int(m.nonzero()[0]) + 1].tolist()) for ids, m in zip(call["input_ids"], call["mask"])]
 
 
-def _encoded_questions():
+def _encoded_pairs():
+    """{original question's prompt ids: its rephrasing's prompt ids} over the classroom's training pairs."""
     from transformers import AutoTokenizer
     import data
     encode = data.prompt_encoder(AutoTokenizer.from_pretrained(world.base_model_dir()), True)
-    pairs = data.classroom_pairs("train")
-    return {tuple(encode(p.original)) for p in pairs}, {tuple(encode(p.rephrased)) for p in pairs}
+    return {tuple(encode(p.original)): tuple(encode(p.rephrased)) for p in data.classroom_pairs("train")}
+
+
+def _encoded_questions():
+    pairs = _encoded_pairs()
+    return set(pairs), set(pairs.values())
 
 
 def test_coreward2_trains_on_the_original_questions_one_group_each(short_run):
@@ -433,8 +442,46 @@ def test_coreward2_trains_on_the_original_questions_one_group_each(short_run):
         prompts = _prompts_of(call)
         assert len(prompts) == PAIRS * G and len(set(prompts)) == PAIRS        # 8 groups of G rows
         assert all(p in originals and p not in rephrased for p in prompts)
-    assert train.parse_args(["--method", "coreward2", "--model", "m"]).mini_batches == 1      # official: one update
-    assert train.parse_args(["--method", "coreward1", "--model", "m"]).mini_batches == 2
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_official_preset_takes_one_update_per_step(method):
+    """The official scripts set ppo_mini_batch_size = train_batch_size = 128: one optimizer update
+    per step, for every method; --mini_batches still sets more."""
+    assert train.parse_args(["--method", method, "--model", "m"]).mini_batches == 1
+    assert train.parse_args(["--method", method, "--model", "m", "--mini_batches", "2"]).mini_batches == 2
+
+
+def test_coreward3_trains_on_the_originals_labelled_by_the_teachers_vote_on_the_rephrasings(tmp_path, monkeypatch):
+    """The official combined path (data.use_aug=True): the policy samples and trains on the original
+    questions only; the teacher answers their rephrasings, group for group, and its majority on q'
+    labels the policy's responses to q."""
+    rollouts, labelled = [], []
+    real_rollout, real_labels = train.teacher_rollout, train.labels_for
+
+    def teacher_rollout(engine, teacher, prompt_ids, seeds, *args):
+        rollouts.append(prompt_ids)
+        return real_rollout(engine, teacher, prompt_ids, seeds, *args)
+
+    def labels_for(method, answers, gold, teacher_answers=None):
+        labels = real_labels(method, answers, gold, teacher_answers)
+        labelled.append((teacher_answers, labels))
+        return labels
+    monkeypatch.setattr(train, "teacher_rollout", teacher_rollout)
+    monkeypatch.setattr(train, "labels_for", labels_for)
+    run = run_in_process(tmp_path / "c3", "coreward3", *SHORT, "--steps", "1")
+    assert run.error is None
+    originals, rephrased = _encoded_questions()
+    prompts = _prompts_of(run.steps[0])
+    assert len(prompts) == PAIRS * G and all(p in originals and p not in rephrased for p in prompts)
+    (teacher_prompts,) = rollouts
+    assert len(teacher_prompts) == PAIRS and all(tuple(p) in rephrased for p in teacher_prompts)
+    rephrasing_of = _encoded_pairs()
+    assert [rephrasing_of[prompts[i * G]] for i in range(PAIRS)] == [tuple(p) for p in teacher_prompts]
+    (teacher_answers, labels), = labelled
+    assert labels == [majority_vote(group) for group in teacher_answers]
+    assert run.step_records[0]["responses"] == PAIRS * G
+
 
 
 def test_views_both_gives_a_baseline_the_rephrasings(tmp_path):
