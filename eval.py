@@ -1,9 +1,16 @@
 """Evaluation: greedy accuracy, avg@k and maj@k of a model on held-out questions.
 
-    greedy   one response at temperature 0, graded against the ground truth
+    greedy   one response at temperature 0, graded against the ground truth (what the official
+             scripts validate with during training: greedy on the 5,000 MATH test questions)
     avg@k    k responses at the sampling temperature; the fraction that is right, averaged over
-             questions (the paper's avg@k, an estimate of pass@1 at that temperature)
+             questions: an estimate of pass@1 at that temperature, from k samples instead of one
     maj@k    the majority answer of those k responses is right
+
+The paper's metrics (Appendix C.3, Table 5): MATH500 and GSM8K as pass@1 (lighteval), AMC as
+avg@8 (ttrl), all at temperature 0.8. `--paper` measures them: those three benchmarks, k = 8,
+temperature 0.8, responses up to 3,072 tokens (the training limit; the paper states none for
+evaluation), and prints each next to the paper's Table 8 for the seed model (Qwen3-4B-Base on
+OpenRS). pass@1 is reported as avg@8, the same expectation with less variance.
 
 `eval_counts` returns sums, not means, so that ranks evaluating disjoint shares of the
 questions can add them up; `accuracies` turns the sums into fractions (avg@k is "mean").
@@ -12,6 +19,7 @@ questions can add them up; `accuracies` turns the sums into fractions (avg@k is 
     python eval.py --model runs/coreward1/checkpoints/step_40      # a training checkpoint
     python eval.py --model models/smollm2-135m --benchmarks math500,gsm8k,amc,amc23,aime24,aime25 \\
         --k 8 --temperature 0.8 --max_tokens 3072 --out runs/eval/smollm2
+    python eval.py --model runs/coreward1/final --paper          # the paper's Table 8 metrics
 
 Benchmarks: `classroom` (the default) and the shipped sets of data.py (math500, gsm8k, amc,
 amc23, aime24, aime25, math5000). The paper samples at temperature 0.8; the classroom default
@@ -28,6 +36,11 @@ import time
 from rewards import extract_answer, is_equiv, majority_vote
 
 CLASSROOM_MAX_TOKENS = 48     # the classroom preset's response limit, so that eval.py reproduces training's evaluation
+PAPER_BENCHMARKS = {"math500": "MATH500 pass@1", "gsm8k": "GSM8K pass@1", "amc": "AMC avg@8"}
+# The paper's Table 8 (p. 21), Qwen3-4B-Base trained on OpenRS, in percent: MATH500 / GSM8K / AMC.
+PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55), "self_certainty": (73.20, 33.43, 35.84),
+                "entropy": (76.80, 87.57, 42.62), "majority": (76.00, 64.14, 44.58), "coreward1": (72.80, 83.93, 39.41),
+                "coreward2": (76.60, 89.23, 42.32)}
 
 
 def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM_MAX_TOKENS, seed=0, indices=None):
@@ -80,6 +93,15 @@ def markdown_table(results, k):
     return "\n".join(lines)
 
 
+def paper_lines(results):
+    """The paper's metrics of `results` (eval.py --paper), each beside Table 8's values."""
+    lines = ["| metric | this model | " + " | ".join(PAPER_TABLE8) + " |", "|---|---|" + "---|" * len(PAPER_TABLE8)]
+    for column, (name, metric) in enumerate(PAPER_BENCHMARKS.items()):
+        paper = " | ".join(f"{row[column]:.2f}" for row in PAPER_TABLE8.values())
+        lines.append(f"| {metric} | {100 * results[name]['mean']:.2f} | {paper} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None,
@@ -94,7 +116,12 @@ def parse_args(argv=None):
     ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--paper", action="store_true",
+                    help="the paper's metrics: math500, gsm8k and amc, k 8, temperature 0.8, 3072 tokens, beside its Table 8")
     args = ap.parse_args(argv)
+    if args.paper:
+        args.benchmarks, args.k = ",".join(PAPER_BENCHMARKS), 8
+        args.temperature = 0.8 if args.temperature is None else args.temperature
     args.benchmarks = args.benchmarks.split(",")
     classroom = args.benchmarks == ["classroom"]
     args.temperature = args.temperature if args.temperature is not None else (1.0 if classroom else 0.8)
@@ -117,6 +144,10 @@ def main(argv=None):
         results = evaluate_model(model_dir, args)
     table = markdown_table(results, args.k)
     print(f"\n{model}, k={args.k}, temperature {args.temperature}, max_tokens {args.max_tokens}\n\n{table}")
+    if args.paper:
+        paper = "The paper's metrics (%), beside its Table 8 (Qwen3-4B-Base on OpenRS):\n\n" + paper_lines(results)
+        print(f"\n{paper}")
+        table += "\n\n" + paper
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(table + "\n")

@@ -81,8 +81,10 @@ PRESETS = {
         max_prompt_len=512, max_response_len=3072, micro_batch_size=2,
         mini_batches=1,                 # one update per step: ppo_mini_batch_size = train_batch_size = 128
         max_tokens_per_micro_batch=16384,                          # fits 8 x 80 GB with room: bench/scale.py
-        eval_data="math500", eval_every=20, eval_k=8, eval_limit=500, eval_temperature=0.8, dtype="bfloat16",
-        cpu_kv_cache_gib=2.0, save_every=30,                       # save_every as the official scripts
+        # the official scripts' validation: greedy (eval_greedy) on the 5,000 MATH test questions every 10 steps;
+        # eval_acc adds one sample per question at the paper's evaluation temperature
+        eval_data="math5000", eval_every=10, eval_k=1, eval_limit=None, eval_temperature=0.8, dtype="bfloat16",
+        cpu_kv_cache_gib=2.0, save_every=10,           # as Co-rewarding-I's script (Co-rewarding-II's: 30)
         activation_checkpointing=True),
 }
 # A method is a set of argument values: these override the preset unless given on the command line.

@@ -101,3 +101,15 @@ def test_benchmark_prompts_drop_and_count_long_questions(tiny_model_dir, capsys)
     kept, kept_gold = evaluation.benchmark_prompts(tok, "aime24", limit=10, max_prompt_len=limit)
     assert kept == [p for p in prompts if len(p) <= limit] and len(kept) == len(kept_gold) >= 5
     assert f"aime24: dropped {10 - len(kept)} of 10 questions" in capsys.readouterr().out
+
+
+def test_the_paper_settings_and_table():
+    """--paper: MATH500, GSM8K and AMC, k 8 at temperature 0.8 and 3,072 tokens; each benchmark's
+    avg@8 in percent beside the paper's Table 8 row for the seed model."""
+    args = evaluation.parse_args(["--paper"])
+    assert (args.benchmarks, args.k, args.temperature, args.max_tokens) == (["math500", "gsm8k", "amc"], 8, 0.8, 3072)
+    assert evaluation.parse_args(["--paper", "--temperature", "0.6"]).temperature == 0.6
+    lines = evaluation.paper_lines({"math500": {"mean": 0.5}, "gsm8k": {"mean": 0.25}, "amc": {"mean": 0.125}})
+    assert "| MATH500 pass@1 | 50.00 | 71.20 | 78.80 |" in lines
+    assert "| GSM8K pass@1 | 25.00 | 26.15 | 85.22 |" in lines and lines.endswith("| 39.41 | 42.32 |")
+    assert "| AMC avg@8 | 12.50 | 21.08 | 49.55 |" in lines
