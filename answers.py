@@ -207,12 +207,18 @@ _PLAIN_MIXED = re.compile(r"(?<![\w.}^\\/])(\d+) (\d+) ?/ ?(\d+)(?![\w.^])")
 _SPACE = re.compile(r"(?<![A-Za-z\d]) | (?![A-Za-z\d])|(?<=[A-Za-z]) (?=\d)|(?<=\d) (?=[A-Za-z])")
 
 
-@functools.lru_cache(maxsize=100_000)
 def normalize(answer):
     """Canonical string for an answer, or None if it is empty, over-long,
-    unbalanced or nested deeper than MAX_NESTING."""
+    unbalanced or nested deeper than MAX_NESTING.  An over-long answer is
+    refused before the cache, which therefore holds only answers of at most
+    MAX_ANSWER_CHARS characters."""
     if len(answer) > MAX_ANSWER_CHARS:
         return None
+    return _normalize(answer)
+
+
+@functools.lru_cache(maxsize=100_000)
+def _normalize(answer):
     s = _DROP.sub(lambda m: m.group(1) or (" " if m.group(2) else ""), answer)
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s).replace("{,}", ",")
     s = re.sub(r"\\[dt]binom(?![A-Za-z])", r"\\binom", s)
@@ -1075,7 +1081,7 @@ atexit.register(_sympy.close)
 
 
 def _clear_local_caches():
-    for function in (normalize, _equiv_normalized, _as_fraction, _to_sympy, _reading, _sample_value):
+    for function in (_normalize, _equiv_normalized, _as_fraction, _to_sympy, _reading, _sample_value):
         function.cache_clear()
 
 

@@ -15,10 +15,14 @@ request brings its own seed (rollout.py). The resumed run loads the saved policy
 before the first rollout.
 
 Atomic: a checkpoint is written as step_S.partial/ and renamed to step_S/ by rank 0 once every rank
-has written its part. A run killed during a save leaves the .partial folder, which `latest` never
-picks; the next save removes it. On several nodes, OUT must be a filesystem that every node sees:
-the ranks write into one folder and rank 0 renames it.
+has written its part and every file and folder of it is on disk (fsync: each rank its own files,
+DCP its shards, rank 0 the whole folder once all have written; `publish`), so that a crash, even of the machine, never leaves a
+step_S/ with a torn file. A run killed during a save leaves the .partial folder, which `latest`
+never picks; the next save removes it. train.py publishes final/ the same way. On several nodes,
+OUT must be a filesystem that every node sees: the ranks write into one folder and rank 0 renames
+it.
 """
+import hashlib
 import json
 import os
 import re
@@ -32,6 +36,8 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_st
 
 from grpo import reshard
 
+# What a checkpoint that cannot be read raises: DCP's CheckpointException derives from BaseException.
+LOAD_ERRORS = (Exception, dcp.api.CheckpointException)
 STEP_DIR = re.compile(r"step_(\d+)")        # a complete checkpoint's folder name; a killed save's ends in .partial
 # Test hook: set to a step number, the save of that step is killed (SIGKILL) after the weights are written.
 KILL_DURING_SAVE = "NANOCOREWARD_KILL_DURING_SAVE"
@@ -61,6 +67,57 @@ def is_checkpoint(path):
         os.path.isfile(os.path.join(path, "trainer.pt")) and os.path.isfile(os.path.join(path, "config.json"))
 
 
+FULL_HASH_BYTES = 64 << 20     # files up to this size are hashed whole; larger ones by SAMPLED_BLOCKS of 1 MiB
+SAMPLED_BLOCKS = 64
+
+
+def model_fingerprint(model_dir):
+    """{file: sha256} of a model folder's files (weights, configuration, tokenizer), so that a resume
+    can tell whether --model still holds the start model. A file over FULL_HASH_BYTES is hashed by
+    its size and SAMPLED_BLOCKS evenly spaced blocks of 1 MiB: training changes every weight, so any
+    other weights change those blocks, and an 8 GB model is read in under a second."""
+    prints = {}
+    for name in sorted(os.listdir(model_dir)):
+        path = os.path.join(model_dir, name)
+        if not os.path.isfile(path):
+            continue
+        digest, size = hashlib.sha256(), os.path.getsize(path)
+        with open(path, "rb") as f:
+            if size <= FULL_HASH_BYTES:
+                digest.update(f.read())
+            else:
+                digest.update(str(size).encode())
+                for k in range(SAMPLED_BLOCKS):
+                    f.seek((size - (1 << 20)) * k // (SAMPLED_BLOCKS - 1))
+                    digest.update(f.read(1 << 20))
+        prints[name] = digest.hexdigest()
+    return prints
+
+
+def questions_fingerprint(pairs):
+    """{"questions": count, "sha256": of their text and answers, in order}: the data order a
+    checkpoint holds indexes this list."""
+    text = json.dumps([[p.original, p.rephrased, p.answer] for p in pairs], ensure_ascii=False)
+    return {"questions": len(pairs), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def fingerprint_changes(saved, now):
+    """What differs between a checkpoint's fingerprints and the run's now, in words ([] if nothing)."""
+    changes = []
+    if saved["questions"] != now["questions"]:
+        (a, b) = saved["questions"], now["questions"]
+        changes.append(f"the training questions: {a['questions']} questions (sha256 {a['sha256'][:12]}) when saved, "
+                       f"{b['questions']} (sha256 {b['sha256'][:12]}) now; a changed data file, dataset version or "
+                       f"tokenizer (which changes which prompts are too long) gives other questions to the saved "
+                       f"data order")
+    if saved["model"] != now["model"]:
+        files = sorted(set(saved["model"]) ^ set(now["model"]) |
+                       {f for f in saved["model"] if f in now["model"] and saved["model"][f] != now["model"][f]})
+        changes.append(f"the start model's files ({', '.join(files)}); the frozen reference and the engine are loaded "
+                       f"from it")
+    return changes
+
+
 def read_config(path):
     with open(os.path.join(path, "config.json")) as f:
         return json.load(f)
@@ -79,6 +136,32 @@ def _rng_state():
     return {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
 
 
+def fsync_files(*paths):
+    """Flush these files, and every file under these folders, to disk."""
+    for path in paths:
+        files = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names] if os.path.isdir(path) else [path]
+        for name in files:
+            with open(name, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def _fsync_folder(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(partial, final):
+    """Rename the written folder `partial` to `final` once its folders are on disk (its files must be
+    already: fsync_files), and the rename too. Rank 0 only."""
+    for folder, _, _ in os.walk(partial):
+        _fsync_folder(folder)
+    os.rename(partial, final)
+    _fsync_folder(os.path.dirname(os.path.abspath(final)))
+
+
 def save(out, step, policy, optimizer, teacher, trainer_state, config, tokenizer, keep_last):
     """Write OUT/checkpoints/step_S (collective: every rank calls it), then keep the newest
     `keep_last` checkpoints (0: all). Returns the checkpoint's path."""
@@ -94,6 +177,7 @@ def save(out, step, policy, optimizer, teacher, trainer_state, config, tokenizer
     reshard(*models)
     dcp.save(_weights(policy, optimizer, teacher), checkpoint_id=os.path.join(partial, "weights"))
     torch.save(_rng_state(), os.path.join(partial, f"rng_rank{rank}.pt"))
+    fsync_files(os.path.join(partial, f"rng_rank{rank}.pt"))                # DCP syncs the shards it writes
     if rank == 0:
         torch.save({**trainer_state, "step": step, "world_size": dist.get_world_size()}, os.path.join(partial, "trainer.pt"))
         policy.config.save_pretrained(os.path.join(partial, "hf"))
@@ -106,7 +190,8 @@ def save(out, step, policy, optimizer, teacher, trainer_state, config, tokenizer
     if rank == 0:
         if os.path.exists(final):                           # this step saved before, by a run resumed from earlier
             shutil.rmtree(final)
-        os.rename(partial, final)
+        fsync_files(partial)                                # DCP's .metadata too, which DCP leaves unsynced
+        publish(partial, final)
         prune(out, keep_last)
     dist.barrier()
     return final
@@ -124,6 +209,11 @@ def prune(out, keep_last):
             shutil.rmtree(os.path.join(root, name))
 
 
+def read_trainer_state(path):
+    """A checkpoint's trainer.pt (the step, data order, fingerprints, ...), read without loading weights."""
+    return torch.load(os.path.join(path, "trainer.pt"), weights_only=True)
+
+
 def load(path, policy, optimizer, teacher):
     """Load a checkpoint into the (sharded) policy, optimizer and teacher, and this rank's RNG;
     returns the trainer state (step, scheduler, data order, cursor, shuffle generator)."""
@@ -133,10 +223,10 @@ def load(path, policy, optimizer, teacher):
     set_state_dict(policy, optimizer, model_state_dict=state["policy"], optim_state_dict=state["optimizer"])
     if teacher is not None:
         set_model_state_dict(teacher, state["teacher"])
-    trainer = torch.load(os.path.join(path, "trainer.pt"))
+    trainer = read_trainer_state(path)
     rng_file = os.path.join(path, f"rng_rank{rank}.pt")
     if trainer["world_size"] == world_size:
-        rng = torch.load(rng_file)
+        rng = torch.load(rng_file, weights_only=True)
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"])

@@ -37,6 +37,9 @@ import numbers
 import os
 import re
 from dataclasses import dataclass
+from decimal import Decimal
+
+from answers import extract_answer
 
 SYSTEM_PROMPT = "Let's think step by step and output the final answer within \\boxed{}."
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -78,15 +81,35 @@ def question_text(value, where):
     return value
 
 
+# A gold answer of more words than this (runs of 3+ letters outside LaTeX commands), with no \boxed{}, is a
+# worked solution: the shipped training and benchmark answers have at most 3 (`\text{Softball, Kickball, Picnic}`).
+WORKED_SOLUTION_WORDS = 10
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
+
+
 def answer_text(value, where):
-    """A gold answer as text, or None when it is empty."""
+    """A gold answer as text, or None when it is empty. A number is written as a reader would: an
+    integral float as an integer (1e20 -> 100000000000000000000, never `1e+20`), another float in
+    positional notation. A worked solution (a MATH `solution` column) gives its last \boxed{}; one
+    without a box, of more than WORKED_SOLUTION_WORDS words, is refused: it would be compared whole
+    with every final answer."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
-    if isinstance(value, numbers.Number) and not isinstance(value, bool):
-        value = str(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = str(int(value))
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = str(int(value)) if float(value).is_integer() else format(Decimal(repr(float(value))), "f")
     if not isinstance(value, str):
         raise ValueError(f"{where}: the gold answer must be text or a number, got {value!r:.80}")
     value = value.strip()
+    if "\\boxed" in value or "\\fbox" in value:
+        boxed = extract_answer(value)
+        if boxed is None:
+            raise ValueError(f"{where}: the gold answer's last \\boxed{{}} is empty or unclosed: {value[-80:]!r}")
+        value = boxed
+    elif len(_WORD.findall(value)) > WORKED_SOLUTION_WORDS:
+        raise ValueError(f"{where}: the gold answer looks like a worked solution ({len(_WORD.findall(value))} words, "
+                         f"no \\boxed{{}}): {value[:80]!r}...; give a column with the final answer")
     if re.fullmatch(r"-?\d+(\.0*)?", value):          # 142.0, 025 -> 142, 25
         value = str(int(value.split(".")[0]))
     return value or None

@@ -23,13 +23,17 @@ questions can add them up; `accuracies` turns the sums into fractions (avg@k is 
 
 Benchmarks: `classroom` (the default) and the shipped sets of data.py (math500, gsm8k, amc,
 amc23, aime24, aime25, math5000). The paper samples at temperature 0.8; the classroom default
-stays at 1.0, its training temperature. Writes results.md (the table) and results.json to --out.
+stays at 1.0, its training temperature. Writes results.md (the table) and results.json to --out,
+by default runs/eval/ and a name made from the model's path and a hash of it (`default_out`), so
+that two models never share a folder; results already there are kept unless --overwrite.
 A training checkpoint is first written out as a model folder, in a temporary directory
 (checkpoint.to_hf), which is removed afterwards.
 """
 import argparse
+import hashlib
 import json
 import os
+import re
 import tempfile
 import time
 
@@ -102,6 +106,15 @@ def paper_lines(results):
     return "\n".join(lines)
 
 
+def default_out(model):
+    """runs/eval/NAME for a model folder or checkpoint: NAME is its path (as given, `/` as `_`) and
+    8 hex digits of its absolute path, so that `runs/a/final` and `runs/b/final` get folders of
+    their own, and the same model always the same folder."""
+    path = os.path.abspath(model)
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.normpath(model)).strip("._") or "model"
+    return os.path.join("runs", "eval", f"{readable[-80:]}-{hashlib.sha1(path.encode()).hexdigest()[:8]}")
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None,
@@ -112,7 +125,9 @@ def parse_args(argv=None):
     ap.add_argument("--max_tokens", type=int, default=None,
                     help=f"default: {CLASSROOM_MAX_TOKENS} on the classroom (as in training), else 3072")
     ap.add_argument("--limit", type=int, default=None, help="the first N questions of each benchmark")
-    ap.add_argument("--out", default=None, help="folder for results.md and results.json (default: runs/eval/MODEL)")
+    ap.add_argument("--out", default=None,
+                    help="folder for results.md and results.json (default: runs/eval/ + the model's path + a hash of it)")
+    ap.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
     ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
@@ -134,10 +149,10 @@ def main(argv=None):
     import checkpoint
     import world
     model = args.model or world.base_model_dir()
-    name = os.path.basename(os.path.normpath(model))
-    if checkpoint.is_checkpoint(model):                    # runs/X/checkpoints/step_S -> runs/eval/X-step_S
-        name = os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(model)))) + "-" + name
-    out = args.out or os.path.join("runs", "eval", name)
+    out = args.out or default_out(model)
+    if os.path.exists(os.path.join(out, "results.json")) and not args.overwrite:
+        raise FileExistsError(f"{out} already holds results (results.json); pass --overwrite to replace them, "
+                              f"or --out another folder. Nothing was run")
     with tempfile.TemporaryDirectory() as tmp:
         # a training checkpoint: its policy becomes a model folder first, which the engines load
         model_dir = checkpoint.to_hf(model, tmp) if checkpoint.is_checkpoint(model) else model

@@ -45,14 +45,18 @@ def read_run(path):
             raise FileNotFoundError(f"{path} is not a run folder: no {os.path.basename(p)} (train.py writes it)")
     config = json.load(open(config_path))
     records = []
-    for i, line in enumerate(open(metrics_path)):
+    lines = open(metrics_path).read().splitlines(keepends=True)
+    for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
-            raise ValueError(f"{metrics_path} line {i + 1} is not JSON (a run killed mid-write leaves its last "
-                             f"line cut: resume it, or remove that line)") from None
+            if i == len(lines) - 1 and not line.endswith("\n"):     # a run still writing it, or killed mid-write
+                print(f"{metrics_path}: its last line is unfinished (a run still writing, or killed mid-write): "
+                      f"drawn without it")
+                break
+            raise ValueError(f"{metrics_path} line {i + 1} is not JSON: {line[:80]!r}; repair or remove it") from None
     return config["method"], config["seed"], records
 
 

@@ -43,6 +43,7 @@ Presets: `classroom` (the default with no --model) runs the tiny world of world.
 """
 import argparse
 import dataclasses
+import fcntl
 import functools
 import json
 import math
@@ -50,6 +51,8 @@ import os
 import secrets
 import shutil
 import signal
+import socket
+import sys
 import time
 
 import torch
@@ -213,9 +216,15 @@ def resume_settings(args, given):
             raise FileNotFoundError(f"--resume {args.resume}: not a complete checkpoint folder (one holds trainer.pt "
                                     f"and config.json, as OUT/checkpoints/step_S does)")
         out = os.path.dirname(os.path.dirname(path))
-        if "out" in given and os.path.abspath(args.out) != os.path.abspath(out):
+        in_its_run = os.path.basename(os.path.dirname(path)) == "checkpoints"
+        if in_its_run and "out" in given and os.path.abspath(args.out) != os.path.abspath(out):
             refuse(f"--out {args.out} is not the run that holds {path} ({out}): a resumed run writes into the folder "
                    f"of its checkpoint; drop --out")
+        if not in_its_run:
+            if "out" not in given:
+                refuse(f"--resume {args.resume} is not in a run's checkpoints/ folder (a copy?): say which run folder "
+                       f"it continues with --out, so that nothing beside the copy is taken for the run's")
+            out = args.out
     settings = checkpoint.read_config(path)
     for name in sorted(given - {"resume", "out", "overwrite"}):
         now, then = getattr(args, name), settings.get(name)
@@ -277,6 +286,47 @@ def check_settings(args, world_size):
 
 
 RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints")
+RUN_LOCK = ".run.lock"           # rank 0 holds it exclusively for the whole run; it names the holder
+WORKERS_LOCK = ".workers.lock"   # every rank holds it shared while it lives
+
+
+def lock_out(out, rank):
+    """Take --out for this run, before anything slow, for as long as the process lives (the kernel
+    releases a flock when its process ends, however it ends, so a crashed run leaves no lock: its
+    lock file is stale and is taken over). Rank 0 takes RUN_LOCK exclusively, then checks that no
+    process still holds WORKERS_LOCK (a worker of an earlier run whose launcher is gone); every rank
+    then holds WORKERS_LOCK shared. A second run on the folder is refused, naming the holder.
+    Returns the open lock files, which must stay open."""
+    error, held = None, []
+    if rank == 0:
+        os.makedirs(out, exist_ok=True)
+        run_lock = open(os.path.join(out, RUN_LOCK), "a+")
+        workers = open(os.path.join(out, WORKERS_LOCK), "a+")
+        run_lock.seek(0)
+        holder = run_lock.read().strip() or "a process that did not say who it is"
+        try:
+            fcntl.flock(run_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(workers, fcntl.LOCK_EX | fcntl.LOCK_NB)    # no worker of another run is alive
+            fcntl.flock(workers, fcntl.LOCK_SH)                    # we hold RUN_LOCK: no run can slip in between
+            run_lock.seek(0)
+            run_lock.truncate()
+            run_lock.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                           f"{' '.join(sys.argv)}\n")
+            run_lock.flush()
+            held = [run_lock, workers]
+        except BlockingIOError:
+            error = (f"--out {out} is in use by another run ({holder}), or by a worker of it that is still running; "
+                     f"wait for it to end or stop it (its workers stop at their step's end once their launcher is "
+                     f"gone), or choose another --out. Nothing was run or deleted")
+    box = [error]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise FileExistsError(box[0])
+    if rank != 0:
+        workers = open(os.path.join(out, WORKERS_LOCK), "a+")
+        fcntl.flock(workers, fcntl.LOCK_SH)
+        held = [workers]
+    return held
 
 
 def claim_out(out, overwrite, rank):
@@ -382,8 +432,8 @@ class MetricsLog:
         if logged != list(range(1, step + 1)):
             raise ValueError(f"{self.path} does not hold one record for each step up to the checkpoint's {step} "
                              f"(it has {logged[:3]}...{logged[-3:]}); resume needs the run's own metrics.jsonl")
-        with open(self.path + ".tmp", "w") as f:
-            f.writelines(line for line, _ in kept)
+        with open(self.path + ".tmp", "w") as f:           # each line whole: one cut before its newline gets it
+            f.writelines(line if line.endswith("\n") else line + "\n" for line, _ in kept)
         os.replace(self.path + ".tmp", self.path)
 
     def write(self, record):
@@ -423,10 +473,16 @@ def evaluate(engine, eval_prompts, eval_gold, eval_indices, args, device):
 class StopSignals:
     """SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C) ask the run to stop: every rank
     finishes its step, and at the step's end the ranks agree (an all-reduce: one rank's signal
-    stops them all), write a checkpoint and exit cleanly. Repeated signals change nothing."""
+    stops them all), write a checkpoint and exit cleanly. Repeated signals change nothing.
+
+    So does the end of the launcher: torchrun starts its workers in sessions of their own, so a
+    `kill -9` of torchrun (or of its process group) leaves them running, still writing into --out.
+    A worker started by torchrun (TORCHELASTIC_RUN_ID is set) remembers its parent; once its
+    parent is another process (the launcher died and it was re-parented), it stops as on SIGTERM."""
     def __init__(self):
         self.received = None
         self.previous = {s: signal.signal(s, self._receive) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
 
     def _receive(self, signum, frame):
         if self.received is None:
@@ -434,6 +490,9 @@ class StopSignals:
         self.received = signum
 
     def agreed(self, device):
+        if self.launcher is not None and os.getppid() != self.launcher and self.received is None:
+            print(f"the launcher (pid {self.launcher}) is gone: finishing this step, then writing a checkpoint", flush=True)
+            self.received = "launcher gone"
         flag = torch.tensor([float(self.received is not None)], device=device)
         dist.all_reduce(flag)
         return flag.item() > 0
@@ -443,17 +502,47 @@ class StopSignals:
             signal.signal(s, handler)
 
 
+def load_checkpoint(path, policy, optimizer, teacher):
+    """checkpoint.load, or a stop that names the checkpoint that failed and the one before it."""
+    try:
+        return checkpoint.load(path, policy, optimizer, teacher)
+    except checkpoint.LOAD_ERRORS as e:          # any failure to read it; re-raised with what to do
+        step = int(checkpoint.STEP_DIR.fullmatch(os.path.basename(os.path.normpath(path))).group(1))
+        earlier = [p for s, p in checkpoint.complete(os.path.dirname(os.path.dirname(path))) if s < step]
+        instead = f"the previous one is {earlier[-1]}: resume from it with --resume {earlier[-1]}" if earlier else \
+            "there is no earlier checkpoint: start the run afresh"
+        raise RuntimeError(f"--resume: the checkpoint {path} cannot be loaded ({type(e).__name__}: {e}); {instead}, "
+                           f"or move {path} away") from e
+
+
+def check_fingerprints(path, now):
+    """Refuse to resume checkpoint `path` on other training questions or another start model."""
+    saved = checkpoint.read_trainer_state(path).get("fingerprints")
+    if saved is None:
+        print(f"resume: {path} was written before checkpoints held fingerprints: the training questions and the "
+              f"start model are not checked")
+        return
+    changes = checkpoint.fingerprint_changes(saved, now)
+    if changes:
+        raise ValueError(f"--resume {path}: the run's inputs changed since the checkpoint: " + "; ".join(changes)
+                         + ". Resume with the data and model it was trained on, or start a new run; nothing was run")
+
+
 def prepare_resume(out, step, steps):
     """Rank 0, on resume: what the run wrote after the checkpoint belongs to a future that will be
-    rewritten: checkpoints of later steps, and a final/ model from before."""
-    for later, path in checkpoint.complete(out):
-        if later > step:
-            print(f"resume: removing {path}, written after the checkpoint of step {step}")
-            shutil.rmtree(path)
+    rewritten: checkpoints of later steps, and a final/ model from before. They are moved, not
+    deleted, into OUT/superseded/TIME/, and the run says so."""
+    later = [path for s, path in checkpoint.complete(out) if s > step]
     final = os.path.join(out, "final")
-    if os.path.exists(final) and step < steps:
-        print(f"resume: removing {final}, the model of the run from step {step} on")
-        shutil.rmtree(final)
+    later += [final] if os.path.exists(final) and step < steps else []
+    if not later:
+        return
+    aside = os.path.join(out, "superseded", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(aside, exist_ok=True)
+    for path in later:
+        shutil.move(path, os.path.join(aside, os.path.basename(path)))
+    print(f"resume from step {step}: moved {', '.join(os.path.basename(p) for p in later)}, written after it, "
+          f"into {aside}; delete that folder once it is not wanted")
 
 
 def main(argv=None):
@@ -463,6 +552,7 @@ def main(argv=None):
         args, resume = resume_settings(args, given_flags(argv))
     check_settings(args, int(os.environ.get("WORLD_SIZE", 1)))
     rank, world_size, device = init_distributed()
+    locks = lock_out(args.out, rank)                 # noqa: F841  (held open until the process ends)
     if resume is None:
         claim_out(args.out, args.overwrite, rank)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -482,6 +572,9 @@ def main(argv=None):
     if rephrasings == "original":                     # the rephrasings are not sampled: not read, not checked
         pairs = [dataclasses.replace(p, rephrased=None) for p in pairs]
     pairs = data.drop_long(pairs, encode, args.max_prompt_len)
+    fingerprints = {"questions": checkpoint.questions_fingerprint(pairs), "model": checkpoint.model_fingerprint(model_dir)}
+    if resume is not None:                          # before anything slow: the data and model it was trained on
+        check_fingerprints(resume, fingerprints)
     if args.steps is None:
         args.steps = max(1, int(args.epochs * len(pairs) / args.questions_per_step))
     eval_prompts, eval_gold = benchmark_prompts(tokenizer, args.eval_data, args.eval_limit, args.max_prompt_len)
@@ -513,7 +606,7 @@ def main(argv=None):
     order, cursor, start = torch.randperm(len(pairs), generator=shuffle).tolist(), 0, 0
     wandb_id = secrets.token_hex(4)                               # kept in checkpoints: a resumed run continues it
     if resume is not None:
-        state = checkpoint.load(resume, policy, optimizer, teacher)
+        state = load_checkpoint(resume, policy, optimizer, teacher)
         wandb_id = state.get("wandb_id") or wandb_id
         scheduler.load_state_dict(state["scheduler"])
         shuffle.set_state(state["shuffle"])
@@ -541,7 +634,7 @@ def main(argv=None):
 
     def save(step):
         trainer_state = {"scheduler": scheduler.state_dict(), "order": order, "cursor": cursor, "shuffle": shuffle.get_state(),
-                         "wandb_id": wandb_id}
+                         "wandb_id": wandb_id, "fingerprints": fingerprints}
         t0 = time.perf_counter()
         path = checkpoint.save(args.out, step, policy, optimizer, teacher, trainer_state, config_of(args), tokenizer,
                                args.keep_last)
@@ -657,12 +750,15 @@ def main(argv=None):
         if not stopped:
             # the full fp32 weights, gathered into rank 0's CPU memory only
             weights = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            if rank == 0:
+            if rank == 0:              # written as final.partial/, so that a crash never leaves a final/ that is not
                 final = os.path.join(args.out, "final")
                 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
                 model.load_state_dict(weights)
-                model.save_pretrained(final)
-                tokenizer.save_pretrained(final)
+                shutil.rmtree(final + ".partial", ignore_errors=True)
+                model.save_pretrained(final + ".partial")
+                tokenizer.save_pretrained(final + ".partial")
+                checkpoint.fsync_files(final + ".partial")
+                checkpoint.publish(final + ".partial", final)
                 print(f"saved {final}")
     finally:
         signals.restore()

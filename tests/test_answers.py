@@ -683,6 +683,18 @@ def test_over_long_answers_are_refused(answer, no_cached_verdicts):
     assert is_equiv(shorter, shorter) is True
 
 
+def test_over_long_answers_never_enter_a_cache(no_cached_verdicts):
+    """A response can box 10 KB of text: refused before any cache, or 40,000 of them hold 400 MB."""
+    caches = [value for value in vars(answers).values() if hasattr(value, "cache_info")]
+    held = lambda: sum(cache.cache_info().currsize for cache in caches)
+    assert majority_vote(["5"]) == "5"
+    before = held()
+    for k in range(100):
+        assert normalize(f"{k}" + "1" * 10_000) is None
+        assert majority_vote([f"{k}" + "x" * 10_000, "5"]) == "5"
+    assert held() == before
+
+
 @pytest.mark.parametrize("opener, closer", [("(", ")"), ("[", "]"), ("{", "}")])
 def test_deep_nesting_is_refused(opener, closer, no_cached_verdicts):
     deep = opener * 30 + "1" + closer * 30  # deeper than MAX_NESTING

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -306,3 +307,29 @@ def test_training_on_a_benchmark_is_test_time_training():
         data.load_training("amc23", "both")
     pairs, test_time = data.load_training("openrs", "original")            # a pair file: rephrasings kept
     assert not test_time and pairs[0].rephrased is not None
+
+
+@pytest.mark.parametrize("value, gold", [
+    (1e20, "100000000000000000000"), (142.0, "142"), (2.5, "2.5"), (1e-7, "0.0000001"), (-3.0, "-3"),
+    (np.float64(64.0), "64"), (np.int64(7), "7"), (12, "12"), ("025", "25"),
+])
+def test_numbers_as_gold_answers_are_written_as_a_reader_would(value, gold):
+    assert data.answer_text(value, "row 1") == gold
+
+
+def test_a_worked_solution_gives_its_last_box_or_is_refused(tmp_path):
+    """A question set with only `problem` and `solution` columns, as MATH ships them: the solution's
+    last \\boxed{} is the gold answer; a worked solution without one is refused, naming the row."""
+    worked = "The perimeter is $2(3 + 4) = 14$, so half of it is $\\boxed{7}$."
+    (tmp_path / "q.jsonl").write_text(json.dumps({"problem": "Half the perimeter of a 3 by 4 rectangle?",
+                                                  "solution": worked}) + "\n")
+    (pairs, _), = [data.load_training(str(tmp_path / "q.jsonl"), "original")]
+    assert pairs[0].answer == "7"
+    unboxed = ("We add the two sides, three and four, which gives seven, and then we double it to get the "
+               "perimeter of the whole rectangle, and finally we halve it again to answer.")
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"problem": "?", "solution": "6"}) + "\n"
+                                        + json.dumps({"problem": "?", "solution": unboxed}) + "\n")
+    with pytest.raises(ValueError, match=r"row 1: the gold answer looks like a worked solution \(2[0-9] words"):
+        data.load_training(str(tmp_path / "bad.jsonl"), "original")
+    # the longest answers the shipped sets hold are no worked solutions
+    assert data.answer_text("\\text{Softball, Kickball, Picnic}", "row 1") == "\\text{Softball, Kickball, Picnic}"

@@ -1,5 +1,6 @@
 """Evaluation: greedy, avg@k and maj@k against hand-computed values, and the command's outputs."""
 import json
+import os
 
 import pytest
 
@@ -113,3 +114,22 @@ def test_the_paper_settings_and_table():
     assert "| MATH500 pass@1 | 50.00 | 71.20 | 78.80 |" in lines
     assert "| GSM8K pass@1 | 25.00 | 26.15 | 85.22 |" in lines and lines.endswith("| 39.41 | 42.32 |")
     assert "| AMC avg@8 | 12.50 | 21.08 | 49.55 |" in lines
+
+
+def test_two_models_never_share_a_default_folder(tmp_path, monkeypatch):
+    """runs/a/final and runs/b/final: two folders; the same model: the same folder, whose results
+    are kept unless --overwrite."""
+    monkeypatch.chdir(tmp_path)
+    a, b = evaluation.default_out("runs/a/final"), evaluation.default_out("runs/b/final")
+    assert a != b and a.startswith(os.path.join("runs", "eval", "runs_a_final-"))
+    assert evaluation.default_out("runs/a/final") == a
+    os.makedirs(a)
+    open(os.path.join(a, "results.json"), "w").write("{}")
+    evaluated = []
+    monkeypatch.setattr(evaluation, "evaluate_model", lambda model_dir, args: evaluated.append(model_dir) or
+                        {"classroom": {"n": 1, "greedy": 1.0, "mean": 1.0, "maj": 1.0}})
+    with pytest.raises(FileExistsError, match="already holds results .*pass --overwrite"):
+        evaluation.main(["--model", "runs/a/final"])
+    assert open(os.path.join(a, "results.json")).read() == "{}" and not evaluated
+    evaluation.main(["--model", "runs/a/final", "--overwrite"])
+    assert evaluated == ["runs/a/final"] and json.load(open(os.path.join(a, "results.json")))["results"]

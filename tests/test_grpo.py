@@ -265,7 +265,7 @@ def test_two_ranks_match_one_rank(tmp_path):
                os.path.join(ROOT, "tests", "ranks_worker.py"), str(path)]
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
-        out[n] = torch.load(path)
+        out[n] = torch.load(path, weights_only=True)
     start = _tiny_model().state_dict()
     for case in ("one_update", "two_updates", "token_budget", "deferred_sync", "two_views"):
         one, two = out[1][case], out[2][case]

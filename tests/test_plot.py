@@ -117,3 +117,14 @@ def test_the_study_table_shows_where_each_seed_was_warned(tmp_path):
         runs.append(plot.read_run(str(path)))
     assert study.first_warning(runs[1][2]) == 10 and study.first_warning(runs[0][2]) is None
     assert study.table(runs).splitlines()[2].endswith("| 10, – |")
+
+
+def test_a_run_still_being_written_is_drawn_without_its_unfinished_line(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"method": "gt", "seed": 0}))
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval_acc": 0.1}\n{"step": 1, "reward": 0.5}\n{"step": 2, "rew')
+    method, seed, records = plot.read_run(str(tmp_path))
+    assert (method, seed, [r["step"] for r in records]) == ("gt", 0, [0, 1])
+    assert "its last line is unfinished" in capsys.readouterr().out
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval_acc": 0.1}\n{"step": 1, "rew\n{"step": 2, "reward": 1}\n')
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        plot.read_run(str(tmp_path))

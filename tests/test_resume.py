@@ -12,6 +12,7 @@ equal to the uninterrupted run's; the tests allow 1e-6.
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -315,3 +316,145 @@ def test_a_refused_resume_runs_nothing(saved_run, monkeypatch):
     monkeypatch.setattr(train, "init_distributed", lambda: pytest.fail("started a process group"))
     with pytest.raises(ValueError, match="--lr 0.5 differs"):
         train.main(["--resume", "--out", str(out), "--lr", "0.5"])
+
+
+def test_a_copied_checkpoint_resumes_only_into_a_folder_named_with_out(saved_run, tmp_path_factory):
+    """backup/step_2 is not in a run's checkpoints/: its parent's parent is no run folder, whose
+    final/ a resume would take for the run's. It is refused without --out, before anything is
+    touched; with --out it continues that folder."""
+    out, _ = saved_run
+    (out / "final").mkdir()
+    backup = tmp_path_factory.mktemp("backup") / "step_2"
+    shutil.copytree(out / "checkpoints" / "step_2", backup)
+    (backup.parent.parent / "final").mkdir(exist_ok=True)
+    with pytest.raises(ValueError, match=r"is not in a run's checkpoints/ folder \(a copy\?\): say which run folder"):
+        _resume(["--resume", str(backup)])
+    assert (backup.parent.parent / "final").is_dir() and (out / "final").is_dir()
+    args, found = _resume(["--resume", str(backup), "--out", str(out)])
+    assert found == str(backup) and args.out == str(out)
+
+
+def test_resuming_an_older_checkpoint_moves_what_came_after_it_aside(tmp_path, capsys):
+    """Checkpoints of later steps and final/ belong to the future the resume rewrites: moved into
+    superseded/, with a message, never deleted."""
+    for step in (2, 4, 6):
+        (tmp_path / "checkpoints" / f"step_{step}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"step_{step}" / "trainer.pt").write_text(str(step))
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "model.safetensors").write_text("the model of step 6")
+    train.prepare_resume(str(tmp_path), 2, 6)
+    assert [name for name in os.listdir(tmp_path / "checkpoints")] == ["step_2"]
+    (aside,) = (tmp_path / "superseded").iterdir()
+    assert sorted(os.listdir(aside)) == ["final", "step_4", "step_6"]
+    assert (aside / "final" / "model.safetensors").read_text() == "the model of step 6"
+    assert (aside / "step_6" / "trainer.pt").read_text() == "6"
+    assert f"moved step_4, step_6, final, written after it, into {aside}" in capsys.readouterr().out
+
+
+def test_a_resume_on_other_questions_or_another_start_model_is_refused(saved_run, monkeypatch):
+    """The checkpoint's data order indexes the question list, and the frozen reference is reloaded
+    from --model: a resume checks both fingerprints before loading any model, and names what changed."""
+    import world
+    out, _ = saved_run
+    model = checkpoint.model_fingerprint(world.base_model_dir())
+    torch.save({"fingerprints": {"questions": {"questions": 3, "sha256": "0" * 64},
+                                 "model": {**model, "model.safetensors": "f" * 64}}},
+               out / "checkpoints" / "step_2" / "trainer.pt")
+    monkeypatch.setattr(train, "load_sharded", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(ValueError) as refused:
+        train.main(["--resume", "--out", str(out)])
+    message = str(refused.value)
+    assert "the training questions: 3 questions (sha256 000000000000) when saved, 1500" in message
+    assert "the start model's files (model.safetensors)" in message and "nothing was run" in message
+
+
+def test_fingerprints_by_hand(tmp_path):
+    """A model file changed in one sampled block, and a question list with one answer changed, are told apart."""
+    from data import Pair
+    (tmp_path / "config.json").write_text("{}")
+    big = bytearray(checkpoint.FULL_HASH_BYTES + (8 << 20))
+    (tmp_path / "model.safetensors").write_bytes(big)
+    before = checkpoint.model_fingerprint(tmp_path)
+    big[-1] = 1                                                       # in the last sampled block
+    (tmp_path / "model.safetensors").write_bytes(big)
+    after = checkpoint.model_fingerprint(tmp_path)
+    assert before["config.json"] == after["config.json"] and before["model.safetensors"] != after["model.safetensors"]
+    pairs = [Pair("1+1?", None, "2"), Pair("2+2?", None, "4")]
+    assert checkpoint.questions_fingerprint(pairs) != checkpoint.questions_fingerprint([pairs[0], Pair("2+2?", None, "5")])
+    assert checkpoint.questions_fingerprint(pairs)["questions"] == 2
+
+
+def test_a_resume_that_crosses_an_epoch_boundary_equals_the_uninterrupted_run(tmp_path):
+    """12 questions, 8 a step: step 2 starts a new epoch, with a new shuffle drawn from the generator
+    the checkpoint of step 1 restored. Killed after step 2 and resumed from step 1, the run samples
+    steps 2 and 3 as the uninterrupted one did."""
+    import data
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"problem": p.original, "answer": p.answer}) + "\n"
+                                 for p in data.classroom_pairs("train")[:12]))
+    flags = ["--method", "gt", "--data", str(questions), "--steps", "3", "--pairs_per_step", "8", "--group_size", "4",
+             "--eval_limit", "16", "--eval_every", "100", "--save_every", "1", "--keep_last", "0"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    finish(start(whole, 1, *flags), whole)
+    kill_after(start(killed, 1, *flags), killed, 2)
+    shutil.rmtree(killed / "checkpoints" / "step_2", ignore_errors=True)  # resume from step 1: before the boundary
+    assert checkpoint.latest(str(killed)).endswith("step_1")
+    finish(start(killed, 1, "--resume"), killed)
+    assert_same_run(killed, whole)
+
+
+def test_metrics_lines_stay_whole_when_one_was_cut_before_its_newline(tmp_path):
+    """A kill that cut the last record exactly before its newline left valid JSON without one: the
+    resumed log gives it its newline, so that the next record does not join it."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "eval_acc": 0.1}\n{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.6}')
+    log = train.MetricsLog(str(path), True, resume_step=2)
+    log.write({"step": 3, "reward": 0.7})
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+def test_a_checkpoint_that_cannot_be_loaded_stops_the_resume_naming_the_one_before(tmp_path):
+    """A torn weights file in the newest checkpoint: the resume says which one failed and names the
+    previous checkpoint, instead of falling back to it silently."""
+    out = tmp_path / "run"
+    finish(start(out, 1, "--method", "gt", *FLAGS[:-2], "--save_every", "1", "--keep_last", "0"), out)
+    for name in os.listdir(out / "checkpoints" / "step_4" / "weights"):
+        if name.endswith(".distcp"):
+            (out / "checkpoints" / "step_4" / "weights" / name).write_bytes(b"torn")
+    proc = start(out, 1, "--resume", str(out / "checkpoints" / "step_4"))
+    assert proc.wait(timeout=600) != 0
+    log = open(f"{out}.log").read()
+    assert f"--resume: the checkpoint {out / 'checkpoints' / 'step_4'} cannot be loaded" in log
+    assert f"the previous one is {out / 'checkpoints' / 'step_3'}: resume from it with --resume" in log
+
+
+def test_a_checkpoint_is_on_disk_before_its_rename_publishes_it(dist_world, tmp_path, monkeypatch):
+    """Every file and folder of step_S.partial/ is fsynced before the rename to step_S/, and the
+    checkpoints/ folder after it: a crash of the machine never leaves a step_S/ with a torn file."""
+    from transformers import AutoTokenizer
+    import world
+    from grpo import shard
+    from test_grpo import _tiny_model
+    events, real_fsync, real_rename = [], os.fsync, os.rename
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def rename(src, dst):
+        events.append(("rename", str(src), str(dst)))
+        return real_rename(src, dst)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    policy = shard(_tiny_model())
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    path = checkpoint.save(str(tmp_path), 3, policy, optimizer, None, {"order": [0]}, {"method": "gt"},
+                           AutoTokenizer.from_pretrained(world.base_model_dir()), keep_last=0)
+    partial = path + ".partial"
+    published = events.index(("rename", partial, path))
+    synced = {name for event, name, *_ in events[:published] if event == "fsync"}
+    on_disk = {os.path.join(d, f).replace(path, partial) for d, _, names in os.walk(path) for f in names}
+    folders = {d.replace(path, partial) for d, _, _ in os.walk(path)}
+    assert on_disk and on_disk <= synced, on_disk - synced
+    assert folders <= synced, folders - synced
+    assert ("fsync", os.path.join(str(tmp_path), "checkpoints")) in events[published:]

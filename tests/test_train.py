@@ -208,8 +208,9 @@ def test_training_evaluation_equals_eval_py(short_run, tmp_path):
     import eval as evaluation
     run = short_run("coreward1")
     last = run.eval_records[-1]
-    for model in (os.path.join(run.out, "final"), checkpoint.latest(run.out)):
-        results = evaluation.main(["--model", model, "--limit", str(EVAL_LIMIT), "--out", str(tmp_path)])["classroom"]
+    for i, model in enumerate((os.path.join(run.out, "final"), checkpoint.latest(run.out))):
+        out = str(tmp_path / str(i))
+        results = evaluation.main(["--model", model, "--limit", str(EVAL_LIMIT), "--out", out])["classroom"]
         assert results["n"] == EVAL_LIMIT
         assert (results["greedy"], results["mean"], results["maj"]) == \
             pytest.approx((last["eval_greedy"], last["eval_acc"], last["eval_maj"]), abs=1e-12)
@@ -224,6 +225,27 @@ def test_a_checkpoint_becomes_the_saved_model(short_run, tmp_path):
     a = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).state_dict()
     b = AutoModelForCausalLM.from_pretrained(os.path.join(run.out, "final"), dtype=torch.float32).state_dict()
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_engine_that_does_not_run_the_trainers_weights_stops_the_run(tmp_path, monkeypatch, tiny_model_dir):
+    """The weight-sync guard (--max_sampler_gap): a stand-in engine that starts from other weights
+    (a random model) and whose load does nothing samples what the trainer's policy would not; the
+    run stops at the first step, with the message, before any checkpoint or model is saved."""
+    import rollout
+    real = rollout.make_engine
+
+    def stale_engine(backend, model_dir, *args, **kwargs):
+        engine = real(backend, tiny_model_dir, *args, **kwargs)
+        engine.load_weights = lambda named_tensors: [None for _ in named_tensors]   # every rank gathers, none loads
+        return engine
+    monkeypatch.setattr(rollout, "make_engine", stale_engine)
+    out = tmp_path / "stale"
+    run = run_in_process(out, "gt", *SHORT, "--backend", "hf", "--save_every", "1")
+    assert isinstance(run.error, RuntimeError)
+    assert str(run.error).startswith("step 1: the rollout engine's log-probs differ from the trainer's by")
+    assert "the engine is not running the trainer's weights" in str(run.error)
+    assert [x["step"] for x in run.step_records] == [1] and run.step_records[0]["sampler_gap"] > 0.1
+    assert not (out / "final").exists() and not (out / "checkpoints").exists()
 
 
 def test_a_non_finite_loss_stops_the_run_before_the_weights_move(tmp_path, monkeypatch):
@@ -509,3 +531,34 @@ def test_a_single_view_method_runs_on_a_question_set_without_rephrasings(tmp_pat
     assert run.error is None and run.step_records[0]["responses"] == PAIRS * G
     refused = run_in_process(tmp_path / "c1", "coreward1", *flags)
     assert isinstance(refused.error, ValueError) and "has no rephrased questions" in str(refused.error)
+
+
+def test_a_crash_while_writing_the_final_model_leaves_no_final_folder(tmp_path, monkeypatch):
+    """final/ is written as final.partial/ and renamed once on disk: a crash in between leaves no
+    final/ that study.py would count as a finished run."""
+    import checkpoint
+    real = checkpoint.fsync_files
+
+    def crash_on_final(*paths):
+        if any(str(p).endswith("final.partial") for p in paths):
+            raise OSError("the machine went down")
+        return real(*paths)
+    monkeypatch.setattr(checkpoint, "fsync_files", crash_on_final)
+    out = tmp_path / "run"
+    run = run_in_process(out, "gt", *SHORT, "--steps", "1", "--save_every", "0")
+    assert isinstance(run.error, OSError) and "the machine went down" in str(run.error)
+    assert not (out / "final").exists() and (out / "final.partial" / "model.safetensors").exists()
+
+
+def test_every_torch_load_reads_weights_only():
+    """An unpickled checkpoint file can run code: every torch.load in the project says weights_only=True."""
+    import ast
+    files = [os.path.join(d, f) for d, _, names in os.walk(ROOT) for f in names
+             if f.endswith(".py") and ".venv" not in d and "site-packages" not in d]
+    loads = []
+    for path in files:
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.load":
+                safe = any(k.arg == "weights_only" and ast.unparse(k.value) == "True" for k in node.keywords)
+                loads.append((os.path.relpath(path, ROOT), node.lineno, safe))
+    assert loads and all(safe for _, _, safe in loads), [x for x in loads if not x[2]]
