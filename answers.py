@@ -141,9 +141,37 @@ MAX_PARTS = 20            # sets/tuples/relation chains with more parts are comp
 MAX_BITS = 20_000         # refuse numbers that could need more bits than this
 TIME_LIMIT = 1.0          # seconds of sympy work one is_equiv or majority_vote call may take
 
-# ---------------------------------------------------------------- extraction
+# ------------------------------------------------------------- the time limit
+#
+# sympy's part of a comparison runs in a helper process, so that one that outlives
+# TIME_LIMIT can be stopped: the process is killed (a new one starts at once) and
+# the pair is judged different.  An answer whose reading alone used half the limit is
+# refused from then on: compared as text, without sympy.  A public call (is_equiv,
+# answer_classes, majority_vote) has TIME_LIMIT seconds in all; once they are spent,
+# the rest of it is compared as text, and none of its verdicts are cached.  The
+# bounds (MAX_BITS, _bit_bound) keep every answer known to be hostile far inside the limit: the limit
+# is the backstop for what they miss.  Waiting for a helper to start is not counted.
 
-_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_call = threading.local()  # .deadline of the public call running in this thread, .cut once it ran out
+
+
+def _within_time_limit(function):
+    """A public call gets TIME_LIMIT seconds of sympy work in all; calls inside it share them."""
+    @functools.wraps(function)
+    def limited(*args):
+        if getattr(_call, "deadline", None) is not None:
+            return function(*args)
+        _call.deadline, _call.cut = time.monotonic() + TIME_LIMIT, False
+        try:
+            return function(*args)
+        finally:
+            if _call.cut:  # verdicts reached after the time ran out may be wrong: keep none of them
+                _equiv_normalized.cache_clear()
+            _call.deadline = None
+    return limited
+
+
+# ------------------------------------------------------- the public functions
 
 
 def extract_answer(text):
@@ -166,6 +194,83 @@ def extract_answer(text):
     if content is None or not content.strip():
         return None
     return content.strip()
+
+
+@_within_time_limit
+def is_equiv(a, b):
+    """True when answers a and b are equal as mathematics; None -> False."""
+    if a is None or b is None:
+        return False
+    a, b = normalize(a), normalize(b)
+    if a is None or b is None:
+        return False
+    return _equiv_normalized(min(a, b), max(a, b))
+
+
+@_within_time_limit
+def majority_vote(answers):
+    """Representative of the largest class of equivalent answers (`answer_classes`), or None.
+    Ties between equally large classes go to the class whose first member came first, and that
+    first member is returned exactly as written."""
+    classes = answer_classes(answers)
+    if not classes:
+        return None
+    return max(classes, key=len)[0]  # max keeps the first of equally large classes
+
+
+@_within_time_limit
+def answer_classes(answers):
+    """The classes of mathematically equal answers, each a list of its members in order, the
+    classes in order of creation. None and unreadable answers are left out. Each answer joins the
+    first class whose first member it equals."""
+    classes = []    # [first member's number or None, members...], in order of creation
+    by_number = {}  # exact value -> the class of that plain number
+    for answer in answers:
+        if answer is None or normalize(answer) is None:
+            continue
+        number = _as_fraction(normalize(answer))
+        if number in by_number:
+            by_number[number].append(answer)
+            continue
+        # Two plain numbers are equal exactly when their Fractions are, so a
+        # new number is only compared with the classes of other answers.
+        for members in classes:
+            if (number is None or members[0] is None) and is_equiv(members[1], answer):
+                members.append(answer)
+                break
+        else:
+            classes.append([number, answer])
+            if number is not None:
+                by_number[number] = classes[-1]
+    return [members[1:] for members in classes]
+
+
+def normalize(answer):
+    """Canonical string for an answer, or None if it is empty, over-long,
+    unbalanced or nested deeper than MAX_NESTING.  An over-long answer is
+    refused before the cache, which therefore holds only answers of at most
+    MAX_ANSWER_CHARS characters."""
+    if len(answer) > MAX_ANSWER_CHARS:
+        return None
+    return _normalize(answer)
+
+
+def clear_caches():
+    """Forget every cached verdict, reading and normal form, here and in the helper process."""
+    _clear_local_caches()
+    _sympy.clear()
+
+
+# ===========================================================================
+# A reader of the algorithm may stop here.  What follows is the private
+# machinery: how answers are read and compared (extraction, normalisation,
+# structure, numbers, the LaTeX reader, sympy comparison and the helper
+# process that runs it under the time limit).
+# ===========================================================================
+
+# ---------------------------------------------------------------- extraction
+
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 
 def _braced_content(text):
@@ -205,16 +310,6 @@ _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _PLAIN_MIXED = re.compile(r"(?<![\w.}^\\/])(\d+) (\d+) ?/ ?(\d+)(?![\w.^])")
 # A space matters only between two letters (`\cot x`, `\frac a b`) or two digits (`4 9/4`).
 _SPACE = re.compile(r"(?<![A-Za-z\d]) | (?![A-Za-z\d])|(?<=[A-Za-z]) (?=\d)|(?<=\d) (?=[A-Za-z])")
-
-
-def normalize(answer):
-    """Canonical string for an answer, or None if it is empty, over-long,
-    unbalanced or nested deeper than MAX_NESTING.  An over-long answer is
-    refused before the cache, which therefore holds only answers of at most
-    MAX_ANSWER_CHARS characters."""
-    if len(answer) > MAX_ANSWER_CHARS:
-        return None
-    return _normalize(answer)
 
 
 @functools.lru_cache(maxsize=100_000)
@@ -347,48 +442,7 @@ def _nesting(s):
                 return None
     return deepest if depth == 0 and deepest <= MAX_NESTING else None
 
-# ------------------------------------------------------------- the time limit
-#
-# sympy's part of a comparison runs in a helper process, so that one that outlives
-# TIME_LIMIT can be stopped: the process is killed (a new one starts at once) and
-# the pair is judged different.  An answer whose reading alone used half the limit is
-# refused from then on: compared as text, without sympy.  A public call (is_equiv,
-# answer_classes, majority_vote) has TIME_LIMIT seconds in all; once they are spent,
-# the rest of it is compared as text, and none of its verdicts are cached.  The
-# bounds (MAX_BITS, _bit_bound) keep every answer known to be hostile far inside the limit: the limit
-# is the backstop for what they miss.  Waiting for a helper to start is not counted.
-
-_call = threading.local()  # .deadline of the public call running in this thread, .cut once it ran out
-
-
-def _within_time_limit(function):
-    """A public call gets TIME_LIMIT seconds of sympy work in all; calls inside it share them."""
-    @functools.wraps(function)
-    def limited(*args):
-        if getattr(_call, "deadline", None) is not None:
-            return function(*args)
-        _call.deadline, _call.cut = time.monotonic() + TIME_LIMIT, False
-        try:
-            return function(*args)
-        finally:
-            if _call.cut:  # verdicts reached after the time ran out may be wrong: keep none of them
-                _equiv_normalized.cache_clear()
-            _call.deadline = None
-    return limited
-
-
 # ------------------------------------------------------- structure and compare
-
-
-@_within_time_limit
-def is_equiv(a, b):
-    """True when answers a and b are equal as mathematics; None -> False."""
-    if a is None or b is None:
-        return False
-    a, b = normalize(a), normalize(b)
-    if a is None or b is None:
-        return False
-    return _equiv_normalized(min(a, b), max(a, b))
 
 
 @functools.lru_cache(maxsize=100_000)
@@ -1083,49 +1137,3 @@ atexit.register(_sympy.close)
 def _clear_local_caches():
     for function in (_normalize, _equiv_normalized, _as_fraction, _to_sympy, _reading, _sample_value):
         function.cache_clear()
-
-
-def clear_caches():
-    """Forget every cached verdict, reading and normal form, here and in the helper process."""
-    _clear_local_caches()
-    _sympy.clear()
-
-# ------------------------------------------------------------------- voting
-
-
-@_within_time_limit
-def answer_classes(answers):
-    """The classes of mathematically equal answers, each a list of its members in order, the
-    classes in order of creation. None and unreadable answers are left out. Each answer joins the
-    first class whose first member it equals."""
-    classes = []    # [first member's number or None, members...], in order of creation
-    by_number = {}  # exact value -> the class of that plain number
-    for answer in answers:
-        if answer is None or normalize(answer) is None:
-            continue
-        number = _as_fraction(normalize(answer))
-        if number in by_number:
-            by_number[number].append(answer)
-            continue
-        # Two plain numbers are equal exactly when their Fractions are, so a
-        # new number is only compared with the classes of other answers.
-        for members in classes:
-            if (number is None or members[0] is None) and is_equiv(members[1], answer):
-                members.append(answer)
-                break
-        else:
-            classes.append([number, answer])
-            if number is not None:
-                by_number[number] = classes[-1]
-    return [members[1:] for members in classes]
-
-
-@_within_time_limit
-def majority_vote(answers):
-    """Representative of the largest class of equivalent answers (`answer_classes`), or None.
-    Ties between equally large classes go to the class whose first member came first, and that
-    first member is returned exactly as written."""
-    classes = answer_classes(answers)
-    if not classes:
-        return None
-    return max(classes, key=len)[0]  # max keeps the first of equally large classes

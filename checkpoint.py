@@ -16,11 +16,11 @@ before the first rollout.
 
 Atomic: a checkpoint is written as step_S.partial/ and renamed to step_S/ by rank 0 once every rank
 has written its part and every file and folder of it is on disk (fsync: each rank its own files,
-DCP its shards, rank 0 the whole folder once all have written; `publish`), so that a crash, even of the machine, never leaves a
-step_S/ with a torn file. A run killed during a save leaves the .partial folder, which `latest`
-never picks; the next save removes it. train.py publishes final/ the same way. On several nodes,
-OUT must be a filesystem that every node sees: the ranks write into one folder and rank 0 renames
-it.
+DCP its shards, rank 0 the whole folder once all have written; `publish`), so that a crash, even of
+the machine, never leaves a step_S/ with a torn file. A run killed during a save leaves the
+.partial folder, which `latest` never picks; the next save removes it. train.py publishes final/
+the same way. On several nodes, OUT must be a filesystem that every node sees: the ranks write into
+one folder and rank 0 renames it.
 """
 import hashlib
 import json
@@ -32,9 +32,10 @@ import signal
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 
-from grpo import reshard
+from sharding import reshard
 
 # What a checkpoint that cannot be read raises: DCP's CheckpointException derives from BaseException.
 LOAD_ERRORS = (Exception, dcp.api.CheckpointException)
@@ -133,7 +134,8 @@ def _weights(policy, optimizer, teacher):
 
 
 def _rng_state():
-    return {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
+    return {"torch": torch.get_rng_state(),
+            **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
 
 
 def fsync_files(*paths):
@@ -179,7 +181,8 @@ def save(out, step, policy, optimizer, teacher, trainer_state, config, tokenizer
     torch.save(_rng_state(), os.path.join(partial, f"rng_rank{rank}.pt"))
     fsync_files(os.path.join(partial, f"rng_rank{rank}.pt"))                # DCP syncs the shards it writes
     if rank == 0:
-        torch.save({**trainer_state, "step": step, "world_size": dist.get_world_size()}, os.path.join(partial, "trainer.pt"))
+        torch.save({**trainer_state, "step": step, "world_size": dist.get_world_size()},
+                   os.path.join(partial, "trainer.pt"))
         policy.config.save_pretrained(os.path.join(partial, "hf"))
         tokenizer.save_pretrained(os.path.join(partial, "hf"))
         with open(os.path.join(partial, "config.json"), "w") as f:
@@ -242,7 +245,8 @@ def read_model(path, name="policy"):
     without a process group."""
     from transformers import AutoConfig, AutoModelForCausalLM
     if not is_checkpoint(path):
-        raise FileNotFoundError(f"{path} is not a complete checkpoint (a step_S folder with trainer.pt and config.json)")
+        raise FileNotFoundError(f"{path} is not a complete checkpoint "
+                                "(a step_S folder with trainer.pt and config.json)")
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(os.path.join(path, "hf")), dtype=torch.float32)
     state = {name: model.state_dict()}
     dcp.load(state, checkpoint_id=os.path.join(path, "weights"), no_dist=True)

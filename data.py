@@ -125,7 +125,8 @@ def gsm8k_answer(solution, where):
 
 def verl_question(prompt, where):
     """The user message of a verl `prompt` ([system, user] messages)."""
-    users = [m.get("content") for m in (prompt if prompt is not None else []) if isinstance(m, dict) and m.get("role") == "user"]
+    users = [m.get("content") for m in (prompt if prompt is not None else [])
+             if isinstance(m, dict) and m.get("role") == "user"]
     if not users:
         raise ValueError(f"{where}: `prompt` has no user message: {prompt!r:.120}")
     return question_text(users[-1], where)

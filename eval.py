@@ -42,8 +42,9 @@ from rewards import extract_answer, is_equiv, majority_vote
 CLASSROOM_MAX_TOKENS = 48     # the classroom preset's response limit, so that eval.py reproduces training's evaluation
 PAPER_BENCHMARKS = {"math500": "MATH500 pass@1", "gsm8k": "GSM8K pass@1", "amc": "AMC avg@8"}
 # The paper's Table 8 (p. 21), Qwen3-4B-Base trained on OpenRS, in percent: MATH500 / GSM8K / AMC.
-PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55), "self_certainty": (73.20, 33.43, 35.84),
-                "entropy": (76.80, 87.57, 42.62), "majority": (76.00, 64.14, 44.58), "coreward1": (72.80, 83.93, 39.41),
+PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55),
+                "self_certainty": (73.20, 33.43, 35.84), "entropy": (76.80, 87.57, 42.62),
+                "majority": (76.00, 64.14, 44.58), "coreward1": (72.80, 83.93, 39.41),
                 "coreward2": (76.60, 89.23, 42.32)}
 
 
@@ -86,14 +87,16 @@ def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None):
     if max_prompt_len is not None:
         kept = [i for i, p in enumerate(prompts) if len(p) <= max_prompt_len]
         if len(kept) < len(prompts):
-            print(f"{name}: dropped {len(prompts) - len(kept)} of {len(prompts)} questions whose prompt exceeds {max_prompt_len} tokens")
+            print(f"{name}: dropped {len(prompts) - len(kept)} of {len(prompts)} questions "
+                  f"whose prompt exceeds {max_prompt_len} tokens")
         prompts, gold = [prompts[i] for i in kept], [gold[i] for i in kept]
     return prompts, gold
 
 
 def markdown_table(results, k):
     lines = [f"| benchmark | n | greedy | avg@{k} | maj@{k} |", "|---|---|---|---|---|"]
-    lines += [f"| {name} | {r['n']} | {r['greedy']:.3f} | {r['mean']:.3f} | {r['maj']:.3f} |" for name, r in results.items()]
+    lines += [f"| {name} | {r['n']} | {r['greedy']:.3f} | {r['mean']:.3f} | {r['maj']:.3f} |"
+              for name, r in results.items()]
     return "\n".join(lines)
 
 
@@ -118,7 +121,8 @@ def default_out(model):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None,
-                    help="a model folder, or a training checkpoint (OUT/checkpoints/step_S) (default: the classroom base model)")
+                    help="a model folder, or a training checkpoint (OUT/checkpoints/step_S) "
+                         "(default: the classroom base model)")
     ap.add_argument("--benchmarks", default="classroom", help="comma-separated benchmark names")
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=None, help="default: 1.0 on the classroom, else 0.8")
@@ -126,13 +130,15 @@ def parse_args(argv=None):
                     help=f"default: {CLASSROOM_MAX_TOKENS} on the classroom (as in training), else 3072")
     ap.add_argument("--limit", type=int, default=None, help="the first N questions of each benchmark")
     ap.add_argument("--out", default=None,
-                    help="folder for results.md and results.json (default: runs/eval/ + the model's path + a hash of it)")
+                    help="folder for results.md and results.json "
+                         "(default: runs/eval/ + the model's path + a hash of it)")
     ap.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
     ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--paper", action="store_true",
-                    help="the paper's metrics: math500, gsm8k and amc, k 8, temperature 0.8, 3072 tokens, beside its Table 8")
+                    help="the paper's metrics: math500, gsm8k and amc, k 8, temperature 0.8, 3072 tokens, "
+                         "beside its Table 8")
     args = ap.parse_args(argv)
     if args.paper:
         args.benchmarks, args.k = ",".join(PAPER_BENCHMARKS), 8
@@ -167,7 +173,8 @@ def main(argv=None):
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"model": model, **{k: v for k, v in vars(args).items() if k != "model"}, "results": results}, f, indent=1)
+        json.dump({"model": model, **{k: v for k, v in vars(args).items() if k != "model"}, "results": results},
+                  f, indent=1)
     print(f"wrote {out}/results.md and results.json")
     return results
 
@@ -178,7 +185,8 @@ def evaluate_model(model_dir, args):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sets = {name: benchmark_prompts(tokenizer, name, args.limit) for name in args.benchmarks}
     longest = max(len(p) for prompts, _ in sets.values() for p in prompts)
-    engine = make_engine(args.backend, model_dir, max_prompt_len=longest, max_response_len=args.max_tokens, dtype=args.dtype)
+    engine = make_engine(args.backend, model_dir, max_prompt_len=longest, max_response_len=args.max_tokens,
+                         dtype=args.dtype)
     results = {}
     for name, (prompts, gold) in sets.items():
         t0 = time.perf_counter()

@@ -20,15 +20,14 @@ ratio. The sampler's own log-probs are only compared against them, as a check th
 the weight sync worked. A step's batch may be split into several optimizer updates
 (mini-batches, where clipping matters) and each update into micro-batches (for memory), by
 count or by a budget of padded tokens, each padded only to its own longest row. Log-probs come
-from the decoder's last hidden states at response positions, through the output layer one chunk
-of tokens at a time (never a [B, T, V] tensor).
+from logprobs.py (never a [B, T, V] tensor); processes and sharding from sharding.py.
 
 NORMALISATION (the one place it is stated): the loss of an update is, for each view in it, the
 mean over that view's response tokens of the update's mini-batch on all ranks, summed over views,
 
     L = Σ_views  Σ_{ranks, sequences of the view, response tokens} loss_t  /  N_tokens(view, global mini-batch).
 
-A batch of one view (every method but the two-view ones, whose batch rows all carry view 0) is
+A batch of one view (every method but the two-view ones: all its rows carry view 0) takes
 the plain token mean over the global mini-batch. Co-rewarding-I's objective is J(q) + J(q')
 (paper Eq. 6), and the official actor adds the two views' losses, each a token mean of its own
 (policy_loss_ori + policy_loss_aug): here each view's mean is over its tokens on all ranks, not
@@ -36,209 +35,15 @@ per micro-batch as verl's is. FSDP2 averages gradients over ranks (it divides th
 by the world size W), so each rank backpropagates Σ_local loss_t / (N_tokens(view, global) / W);
 micro-batches add their gradients up. The result is the gradient of L, whatever the number of
 ranks or micro-batches.
-
-Sharding: `fully_shard` on each decoder layer, then on the root, on every run (a world of one
-included), so that one code path runs from a laptop to a cluster. Models are built on the meta
-device and filled shard by shard (`load_sharded`); the weight sync streams them parameter by
-parameter (`full_weights`): no rank holds a whole model on its device.
 """
 import math
-import os
-import socket
-import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed._composable import checkpoint
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-
-# --------------------------------------------------------------------------------------------
-# Processes and sharding (the device switch point)
-
-def init_distributed():
-    """Join the process group torchrun describes; a plain `python train.py` is a world of one.
-    Returns (rank, world_size, device)."""
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
-        if "RANK" in os.environ:                      # under torchrun: it says who we are
-            dist.init_process_group(backend)
-        else:                                         # alone: a world of one on a free local port
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def shard(model, param_dtype=None, activation_checkpointing=False):
-    """FSDP2: each decoder layer is its own unit, then the root (embeddings, norm, head).
-    `param_dtype` (e.g. torch.bfloat16) turns on mixed precision with fp32 gradient reduction.
-    `activation_checkpointing` keeps only each decoder layer's input for the backward and
-    recomputes the layer's insides there: activation memory falls from every intermediate of
-    every layer to one hidden state per layer, for about one more forward pass of compute."""
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
-        if activation_checkpointing:
-            checkpoint(layer)                   # composable: the layer keeps its parameter names
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
-    return model
-
-
-def load_sharded(model_dir, device, dtype=torch.float32, compute_dtype=torch.float32, activation_checkpointing=False):
-    """The Hugging Face model in `model_dir`, sharded (`shard`), its parameters kept in `dtype` and
-    computed in `compute_dtype`, without any rank holding the whole model on `device`: it is built
-    on the meta device (no memory), sharded, given empty shards on `device`, and filled from rank 0,
-    which reads the weights into CPU memory and sends each rank its shards one tensor at a time
-    (torch.distributed.checkpoint's broadcast_from_rank0). Buffers computed at construction rather
-    than stored (the rotary frequencies) come from rank 0's model too."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
-    shard(model, None if compute_dtype == dtype else compute_dtype, activation_checkpointing)
-    model.to_empty(device=device)
-    full = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype) if dist.get_rank() == 0 else None
-    set_model_state_dict(model, full.state_dict() if full else {},
-                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            if full is not None:
-                buffer.copy_(full.get_buffer(name))
-            dist.broadcast(buffer, src=0)
-    return model
-
-
-def reshard(*models):
-    """Put every FSDP unit back into its sharded state: FSDP leaves the root's parameters gathered
-    after a forward, and the EMA and checkpoints work on the shards."""
-    for model in models:
-        for m in model.modules():
-            if isinstance(m, FSDPModule):
-                m.reshard()
-
-
-def full_weights(model, dtype=None):
-    """(name, full tensor) of each parameter, one at a time, in `dtype` (default: its own): each is cast
-    on its shard, then all-gathered when the consumer asks for it, so a rank holds one full parameter
-    beyond its shards, never a full copy of the model (the weight sync streams the model through).
-    Every rank must consume the whole iterator, in order: each parameter is a collective. A tied
-    parameter (the embedding and the output layer) is gathered once and given under each of its
-    names, as a checkpoint names it (vLLM expects both)."""
-    reshard(model)
-    names = {}                                      # id -> (parameter, [its names])
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), (param, []))[1].append(name)
-    for param, aliases in names.values():
-        param = param.detach().to(dtype or param.dtype)
-        full = param.full_tensor() if isinstance(param, DTensor) else param
-        for name in aliases:
-            yield name, full
-
-
-# --------------------------------------------------------------------------------------------
-# Token log-probs from the last hidden states, one chunk of tokens at a time
-#
-# The naive path, logits [B, T, V] -> log_softmax, keeps vocabulary-sized fp32 tensors for every
-# position of a micro-batch: at V = 151,936 and 2 x 3,584 tokens, 4.4 GB each, and autograd keeps
-# several. Here the model returns its last hidden states, only the positions that predict a response
-# token are kept (prompt and padding positions never reach the output layer), and the output layer
-# runs over LOGIT_CHUNK of them at a time. The forward keeps hidden [n, H] and one logsumexp per
-# token; the backward recomputes each chunk's logits. One [chunk, V] fp32 block is alive at a time,
-# whatever the sequence length.
-
-LOGIT_CHUNK = 1024      # tokens per pass through the output layer: 1024 x 151,936 x 4 B = 0.62 GB per fp32 block
-
-
-def response_hidden(model, input_ids, mask):
-    """The decoder's last hidden states where `mask` [B, T-1] marks a position that predicts a
-    response token: (hidden [n, H], the predicted tokens [n], the output layer's weight [V, H]).
-
-    The model computes the logits of the last position only (logits_to_keep=1); they are compared
-    with hidden @ weight.T there, so that a model whose head is not a plain linear map (soft-capped
-    or scaled logits) stops the run instead of training on wrong log-probs."""
-    with warnings.catch_warnings():      # FSDP warns that the first hidden state (the embeddings) is a view;
-        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")  # none is written to
-        out = model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1)
-    hidden = out.hidden_states[-1]                                   # [B, T, H], after the final norm
-    weight = model.get_output_embeddings().weight                    # [V, H]; FSDP's root keeps it gathered
-    with torch.no_grad():
-        mine = (hidden[:, -1] @ weight.T).float()
-        if not torch.allclose(mine, out.logits[:, -1].float(), rtol=1e-2, atol=1e-2 * mine.abs().max().item()):
-            raise ValueError(f"{type(model).__name__}'s logits are not its last hidden state times its output "
-                             f"layer's weight (a soft cap or a logit scale?): the chunked log-probs of grpo.py "
-                             f"would be wrong for it")
-    keep = mask.bool()
-    return hidden[:, :-1][keep], input_ids[:, 1:][keep], weight
-
-
-def _chunk_logits(hidden, weight, temperature):
-    """(rows, logits / temperature in fp32 [c, V]) for each chunk of LOGIT_CHUNK rows of hidden [n, H]."""
-    for start in range(0, len(hidden), LOGIT_CHUNK):
-        rows = slice(start, start + LOGIT_CHUNK)
-        yield rows, (hidden[rows] @ weight.T).float().div_(temperature)     # in place: one [c, V] block, not two
-
-
-class ChunkedLogprobs(torch.autograd.Function):
-    """log p(target) = z[target] - logsumexp(z), z = hidden @ weight.T / T, chunk by chunk; with
-    `entropy`, also (no grad) the entropy logsumexp(z) - Σ softmax(z) z of each distribution.
-    Saved for the backward: hidden, weight, targets and the logsumexp [n]. The backward recomputes
-    each chunk's z and uses d log p(target) / dz = onehot(target) - softmax(z)."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, entropy):
-        logp = torch.empty(len(hidden), dtype=torch.float32, device=hidden.device)         # [n]
-        lse, ent = torch.empty_like(logp), torch.empty_like(logp) if entropy else logp.new_empty(0)
-        for rows, z in _chunk_logits(hidden, weight, temperature):                      # z [c, V]
-            lse[rows] = z.logsumexp(-1)
-            logp[rows] = z.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
-            if entropy:
-                ent[rows] = lse[rows] - torch.linalg.vecdot((z - lse[rows, None]).exp_(), z)
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature = temperature
-        ctx.mark_non_differentiable(ent)
-        return logp, ent
-
-    @staticmethod
-    def backward(ctx, grad_logp, _):
-        hidden, weight, targets, lse = ctx.saved_tensors
-        grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight)
-        for rows, z in _chunk_logits(hidden, weight, ctx.temperature):
-            g = grad_logp[rows, None]                                                   # [c, 1]
-            dz = z.sub_(lse[rows, None]).exp_().mul_(-g)                                # -softmax(z) g, in place
-            dz.scatter_add_(-1, targets[rows, None], g).div_(ctx.temperature)          # + onehot(target) g
-            dz = dz.to(hidden.dtype)
-            grad_hidden[rows] = dz @ weight
-            grad_weight.addmm_(dz.T, hidden[rows])
-        return grad_hidden, grad_weight, None, None, None
-
-
-def token_logprobs(model, input_ids, mask, temperature, entropy=False):
-    """log π(token_{t+1} | tokens ≤ t) at the sampling temperature where `mask` [B, T-1] is 1 (0
-    elsewhere): logp [B, T-1]; with `entropy`, also (no grad) the entropy of that distribution
-    [B, T-1], else None. input_ids [B, T] right-padded (causal attention needs no mask then)."""
-    hidden, targets, weight = response_hidden(model, input_ids, mask)
-    logp, ent = ChunkedLogprobs.apply(hidden, weight, targets, temperature, entropy)
-    keep = mask.bool()
-    scatter = lambda v: torch.zeros(mask.shape, dtype=v.dtype, device=v.device).masked_scatter(keep, v)
-    return scatter(logp), scatter(ent) if entropy else None
-
-
-@torch.no_grad()
-def token_values(model, input_ids, mask, temperature, fn):
-    """fn(log-probs over the vocabulary [c, V]) -> [c] at each position `mask` [B, T-1] marks, chunk
-    by chunk: [B, T-1], 0 elsewhere (the answer-free rewards' per-token terms)."""
-    hidden, _, weight = response_hidden(model, input_ids, mask)
-    out = torch.empty(len(hidden), dtype=torch.float32, device=hidden.device)
-    for rows, z in _chunk_logits(hidden, weight, temperature):
-        out[rows] = fn(z.log_softmax(-1))
-    return torch.zeros(mask.shape, device=mask.device).masked_scatter(mask.bool(), out)
+from logprobs import token_logprobs, token_values
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,7 +52,8 @@ def token_values(model, input_ids, mask, temperature, fn):
 def group_advantages(rewards, eps=1e-6):
     """rewards [P, G] -> advantages [P, G]; a group whose rewards are all equal gets zeros."""
     if rewards.shape[-1] < 2:
-        raise ValueError(f"groups of {rewards.shape[-1]} response(s): advantages normalise within a group, which needs at least 2")
+        raise ValueError(f"groups of {rewards.shape[-1]} response(s): advantages normalise within a group, "
+                         f"which needs at least 2")
     mean = rewards.mean(-1, keepdim=True)
     std = rewards.std(-1, keepdim=True)                      # unbiased; G must be ≥ 2
     return (rewards - mean) / (std + eps)
@@ -428,7 +234,8 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     of each update's forward) and grad_norm, the largest pre-clipping gradient norm among the
     step's updates."""
     if len(batch) % cfg.mini_batches:
-        raise ValueError(f"{len(batch)} sequences on this rank do not split into {cfg.mini_batches} equal mini-batches")
+        raise ValueError(f"{len(batch)} sequences on this rank do not split into {cfg.mini_batches} equal "
+                         f"mini-batches")
     ref_logp = score(ref, batch, cfg)
     old_logp = score(policy, batch, cfg) if cfg.mini_batches > 1 else None
     m = batch.mask

@@ -28,7 +28,7 @@ TRAIN_KEYS = (("reward", "reward"), ("label_acc", "label accuracy"), ("rollout_a
               ("distinct_answers", "distinct answers per group"), ("zero_variance", "zero-variance groups"),
               ("common_answer", "questions with the most common answer"), ("truncated", "responses cut at the limit"))
 TRAIN_WINDOW = 10      # training metrics are per step (16 questions on the classroom world): each seed's line is
-                       # its trailing mean over 10 steps, the window of train.py's collapse warning
+                       # its trailing mean over 10 steps, the window of run.py's collapse warning
 
 
 def method_order(method):
@@ -81,7 +81,8 @@ def series(runs, key, window=1):
         steps = sorted(set.intersection(*(set(s) for s in seeds)))
         if steps:
             values = [[s[step] for s in seeds] for step in steps]
-            out[method] = (steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values])
+            out[method] = (steps, [sum(v) / len(v) for v in values], [min(v) for v in values],
+                           [max(v) for v in values])
     return out
 
 
@@ -129,9 +130,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     runs = [read_run(path) for path in args.runs]
     os.makedirs(args.out, exist_ok=True)
-    written = [figure(runs, EVAL_KEYS, os.path.join(args.out, "eval.png"), "evaluation (mean over seeds, min-max band)"),
+    written = [figure(runs, EVAL_KEYS, os.path.join(args.out, "eval.png"),
+                      "evaluation (mean over seeds, min-max band)"),
                figure(runs, TRAIN_KEYS, os.path.join(args.out, "train.png"),
-                      f"training (each seed's mean over {TRAIN_WINDOW} steps; mean over seeds, min-max band)", TRAIN_WINDOW)]
+                      f"training (each seed's mean over {TRAIN_WINDOW} steps; mean over seeds, min-max band)",
+                      TRAIN_WINDOW)]
     for path in filter(None, written):
         print(f"wrote {path}")
 

@@ -31,7 +31,8 @@ from rollout import request_seed
 START, END = "### Rephrased Question Start ###", "### Rephrased Question End ###"
 INSTRUCTION = f"""Rewrite the math problem below as a new problem.
 - Use different wording, and set it in a new, realistic real-world scenario.
-- Keep exactly the same mathematics: the same quantities, relations and conditions, so that the new problem has the same final answer.
+- Keep exactly the same mathematics: the same quantities, relations and conditions, so that the new problem \
+has the same final answer.
 - Do not solve the problem, do not give hints and do not state the answer.
 Write only the rewritten problem, between the line {START} and the line {END}.
 
@@ -57,7 +58,8 @@ def chat_encoder(tokenizer):
 
 def majority_answers(engine, encode, questions, indices, view, k, temperature, max_tokens, seed=0):
     seeds = [request_seed(seed, "answer_check", 0, i, view) for i in indices]
-    groups = engine.generate([encode(q) for q in questions], n=k, temperature=temperature, max_tokens=max_tokens, seeds=seeds)
+    groups = engine.generate([encode(q) for q in questions], n=k, temperature=temperature, max_tokens=max_tokens,
+                             seeds=seeds)
     return [majority_vote([extract_answer(s.text) for s in group]) for group in groups]
 
 
@@ -83,7 +85,8 @@ def rephrase(engine, chat, encode, questions, temperature=0.7, max_tokens=512, c
         agree = [a is not None and b is not None and is_equiv(a, b) for a, b in zip(originals, rephrased)]
         none = sum(a is None or b is None for a, b in zip(originals, rephrased))
         print(f"answer check (k={check_answers}): dropped {len(kept) - sum(agree)} of {len(kept)} pairs "
-              f"({none} without a majority answer on one side, {len(kept) - sum(agree) - none} whose majorities differ)")
+              f"({none} without a majority answer on one side, "
+              f"{len(kept) - sum(agree) - none} whose majorities differ)")
         kept = [pair for pair, ok in zip(kept, agree) if ok]
     return kept
 
@@ -100,14 +103,16 @@ def load_questions(source, limit=None):
     import pandas as pd
     if not os.path.exists(source):
         raise FileNotFoundError(f"no file {source!r}; --data is a benchmark, a pair set or a file of questions")
-    frame = pd.read_parquet(source) if source.endswith(".parquet") else pd.read_json(source, lines=source.endswith(".jsonl"))
+    frame = pd.read_parquet(source) if source.endswith(".parquet") else \
+        pd.read_json(source, lines=source.endswith(".jsonl"))
     question = next((c for c in ("question", "problem") if c in frame.columns), None)
     if question is None:
         raise ValueError(f"{source}: no 'question' or 'problem' column (columns: {list(frame.columns)})")
     answer = next((c for c in ("answer", "solution") if c in frame.columns), None)
     frame = frame[:limit]
     questions = [data.question_text(q, f"{source}: row {i}: {question}") for i, q in enumerate(frame[question])]
-    answers = [data.answer_text(a, f"{source}: row {i}") for i, a in enumerate(frame[answer])] if answer else [None] * len(questions)
+    answers = [data.answer_text(a, f"{source}: row {i}") for i, a in enumerate(frame[answer])] if answer \
+        else [None] * len(questions)
     return questions, answers
 
 
@@ -128,7 +133,8 @@ def main(argv=None):
     ap.add_argument("--limit", type=int, default=None, help="the first N questions")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--max_tokens", type=int, default=512, help="for the rephrasing response")
-    ap.add_argument("--check_answers", type=int, default=0, metavar="K", help="keep pairs whose K-sample majority answers agree")
+    ap.add_argument("--check_answers", type=int, default=0, metavar="K",
+                    help="keep pairs whose K-sample majority answers agree")
     ap.add_argument("--answer_temperature", type=float, default=1.0)
     ap.add_argument("--answer_tokens", type=int, default=1024, help="for each answer of --check_answers")
     ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm")

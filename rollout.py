@@ -108,7 +108,8 @@ class VLLMEngine:
         # the KV cache: a fraction of the GPU, or on a CPU a fixed size (VLLM_CPU_KVCACHE_SPACE overrides it).
         # On a CPU, no chunked prefill: after a prompt split over scheduler steps vLLM rewinds the request's
         # random generator, which a CPU generator cannot do, so seeded requests (the evaluation) would fail.
-        budget = max(max_model_len, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)     # tokens a step; a whole prompt fits
+        budget = max(max_model_len,
+                     SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)  # tokens a step; a whole prompt fits
         device = dict(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30), enable_chunked_prefill=False,
                       max_num_batched_tokens=budget) if on_cpu else dict(gpu_memory_utilization=gpu_memory_utilization)
         # seed=0: vLLM seeds the global random state with it; every sampled request brings its own seed
@@ -154,7 +155,8 @@ class HFEngine:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = getattr(torch, dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device).eval()
+        self.model = (AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+                      .to(self.device).eval())
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
 
@@ -168,7 +170,8 @@ class HFEngine:
         # left-padded prompts, each repeated n times: [P * n, width]
         rows = [[self.pad] * (width - len(p)) + list(p) for p in prompt_ids for _ in range(n)]
         ids = torch.tensor(rows, device=self.device)
-        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids for _ in range(n)], device=self.device)
+        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids for _ in range(n)],
+                            device=self.device)
         done = torch.zeros(len(rows), dtype=torch.bool, device=self.device)
         out_ids, out_lps = [], []
         past = None

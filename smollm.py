@@ -42,7 +42,8 @@ def convert(out):
     missing, unexpected = model.load_state_dict(quantised.state_dict(), strict=False)
     missing = [k for k in missing if k != "lm_head.weight" or not config.tie_word_embeddings]
     if missing or unexpected:
-        raise RuntimeError(f"the GGUF weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise RuntimeError(f"the GGUF weights do not fit the model: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

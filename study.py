@@ -23,7 +23,7 @@ import sys
 import checkpoint
 import plot
 from rewards import METHODS
-from train import CollapseWatch
+from run import CollapseWatch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -53,7 +53,7 @@ def command(path, method, seed, steps, extra):
 
 
 def first_warning(records):
-    """The step at which train.py's collapse warning first fired in a run (replayed from its
+    """The step at which the collapse warning (run.py) first fired in a run (replayed from its
     metrics, so runs logged before a rule existed are judged by today's rules), or None."""
     watch = CollapseWatch()
     return next((r["step"] for r in records if "unanimous" in r and watch.update(r)), None)
@@ -93,7 +93,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated (default: all seven)")
-    ap.add_argument("--plot-only", action="store_true", help="draw and tabulate what the runs have logged; run nothing")
+    ap.add_argument("--plot-only", action="store_true",
+                    help="draw and tabulate what the runs have logged; run nothing")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags for every train.py run")
     args = ap.parse_args(argv)
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra

@@ -13,16 +13,15 @@ so that it is a slowly-moving, stabler version of the student. (The official cod
 The teacher samples G responses per question through the policy's own rollout engine: its
 weights are loaded into the engine and it samples. The engine is left serving the teacher: the
 training loop loads the updated policy after the step, before anything samples from the policy
-again, so a step makes two weight loads (teacher, updated policy), not three. One engine, not two: on the classroom model a weight
-load takes 0.03 s (t_sync in metrics.jsonl), while a second vLLM engine costs its own model copy,
-KV cache and runtime (a lone classroom engine holds about 2 GB of resident memory on a CPU,
-which would push the default run past 4 GiB).
+again, so a step makes two weight loads (teacher, updated policy), not three. One engine, not
+two: a second vLLM engine would cost its own model copy, KV cache and runtime, while a weight load
+is cheap (t_sync in metrics.jsonl is its time).
 """
 import math
 
 import torch
 
-from grpo import full_weights, reshard
+from sharding import full_weights, reshard
 
 
 def ema_decay(step, total_steps, start=0.99, end=0.9999):

@@ -56,33 +56,39 @@ TEMPLATES = {
     "mul_add": [
         "{n} has {a} {c1} with {b} {it} in each . {n} also has {c} loose {it} . How many {it} does {n} have in all ?",
         "There are {c} {it} on the table and {a} {c1} that hold {b} {it} each . How many {it} are there altogether ?",
-        "{n} fills {a} {c1} , putting {b} {it} in every one , and then finds {c} more {it} . What is the total number of {it} ?",
+        ("{n} fills {a} {c1} , putting {b} {it} in every one , and then finds {c} more {it} . "
+         "What is the total number of {it} ?"),
     ],
     "mul_sub": [
         "{n} has {a} {c1} with {b} {it} in each . {n} gives away {c} {it} . How many {it} are left ?",
         "Each of {a} {c1} holds {b} {it} . Then {c} {it} are lost . How many {it} remain ?",
-        "{n} packs {b} {it} into each of {a} {c1} and later uses {c} of the {it} . How many {it} does {n} still have ?",
+        ("{n} packs {b} {it} into each of {a} {c1} and later uses {c} of the {it} . "
+         "How many {it} does {n} still have ?"),
     ],
     "add_sub": [
         "{n} has {a} {it} . {n} gets {b} more {it} and then gives away {c} . How many {it} does {n} have now ?",
-        "A room holds {a} {it} . Someone brings {b} {it} more , and {c} {it} are taken out . How many {it} are in the room ?",
+        ("A room holds {a} {it} . Someone brings {b} {it} more , and {c} {it} are taken out . "
+         "How many {it} are in the room ?"),
         "After {n} buys {b} {it} to add to {a} {it} already at home , {c} {it} are eaten . How many {it} are left ?",
     ],
     "add_mul": [
         "{n} has {a} {c1} and buys {b} more {c1} . Each of the {c1} holds {c} {it} . How many {it} are there ?",
         "There are {a} {c1} on the left and {b} {c1} on the right , with {c} {it} in each . How many {it} in total ?",
-        "Every one of the {c1} holds {c} {it} . {n} owns {a} {c1} and borrows {b} more . How many {it} does {n} have ?",
+        ("Every one of the {c1} holds {c} {it} . {n} owns {a} {c1} and borrows {b} more . "
+         "How many {it} does {n} have ?"),
     ],
     "sub_mul": [
         "{n} has {a} {c1} and sells {b} of them . Each of the {c1} holds {c} {it} . How many {it} does {n} keep ?",
-        "Of {a} {c1} , {b} are broken and thrown out . Each good one has {c} {it} . How many {it} are in the good {c1} ?",
+        ("Of {a} {c1} , {b} are broken and thrown out . Each good one has {c} {it} . "
+         "How many {it} are in the good {c1} ?"),
         "Each of the {c1} holds {c} {it} . {n} started with {a} {c1} and lost {b} of them . How many {it} are left ?",
     ],
 }
 
 
 # shape -> (first operation on a and b, second operation on that result and c)
-SHAPES = {"mul_add": ("*", "+"), "mul_sub": ("*", "-"), "add_sub": ("+", "-"), "add_mul": ("+", "*"), "sub_mul": ("-", "*")}
+SHAPES = {"mul_add": ("*", "+"), "mul_sub": ("*", "-"), "add_sub": ("+", "-"), "add_mul": ("+", "*"),
+          "sub_mul": ("-", "*")}
 OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
 
 

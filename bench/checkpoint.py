@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import checkpoint  # noqa: E402
-import train  # noqa: E402
-from grpo import init_distributed, shard  # noqa: E402
+import config  # noqa: E402
+from sharding import init_distributed, shard  # noqa: E402
 
 
 def folder_bytes(path):
@@ -80,21 +80,21 @@ def main():
     model_dir = args.model or world.base_model_dir()
     # the classroom preset's step, or the README's CPU step of a real model
     flags = ["--steps", "4", "--eval_limit", "8", "--eval_every", "100"] if args.model is None else \
-        ["--steps", "3", "--data", "openrs", "--questions_per_step", "4", "--group_size", "4", "--max_response_len", "128",
-         "--eval_limit", "4", "--eval_every", "100", "--dtype", "float32"]
-    save_every = train.PRESETS["classroom" if args.model is None else "official"]["save_every"]
+        ["--steps", "3", "--data", "openrs", "--questions_per_step", "4", "--group_size", "4",
+         "--max_response_len", "128", "--eval_limit", "4", "--eval_every", "100", "--dtype", "float32"]
+    save_every = config.PRESETS["classroom" if args.model is None else "official"]["save_every"]
     with tempfile.TemporaryDirectory() as tmp:
         per_step = step_seconds(args.model, flags, tmp)
         init_distributed()
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        config = vars(train.parse_args(["--method", "coreward1", *(["--model", args.model] if args.model else [])]))
+        settings = vars(config.parse_args(["--method", "coreward1", *(["--model", args.model] if args.model else [])]))
         n_params = sum(p.numel() for p in models(model_dir, False)[0].parameters())
         print(f"{model_dir}: {n_params / 1e6:.1f}M parameters; a training step takes {per_step:.2f} s "
               f"({' '.join(flags)}); --save_every {save_every}")
         print("| checkpoint | size | save s | load s | save / (save_every x step) |")
         print("|---|---|---|---|---|")
         for with_teacher in (False, True):
-            size, save_s, load_s = measure(model_dir, with_teacher, args.repeats, tmp, tokenizer, config)
+            size, save_s, load_s = measure(model_dir, with_teacher, args.repeats, tmp, tokenizer, settings)
             what = "policy + AdamW + teacher (coreward2/3)" if with_teacher else "policy + AdamW"
             print(f"| {what} | {size / 2**20:.1f} MiB | {save_s:.2f} | {load_s:.2f} | "
                   f"{100 * save_s / (save_every * per_step):.2f}% |")

@@ -8,7 +8,7 @@ prompts, each response 1-48 tokens (lengths drawn like a run's: most stop early)
 the reference forward included, fp32 unless said. Each lever changes one thing against "now":
 
 - before: the output layer over every position of the batch (prompt and padding too), through a
-  [B, T, V] log-softmax, with the entropy of every position (the path before grpo.py's chunked
+  [B, T, V] log-softmax, with the entropy of every position (the path before logprobs.py's chunked
   log-probs);
 - token budget: --max_tokens_per_micro_batch 4096, passes of rows of similar length;
 - 1 thread: half the cores, to see how the phase scales;
@@ -33,7 +33,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import grpo  # noqa: E402
-from grpo import Batch, StepConfig, init_distributed, shard, train_step  # noqa: E402
+from grpo import Batch, StepConfig, train_step  # noqa: E402
+from sharding import init_distributed, shard  # noqa: E402
 from scale import vocab_token_logprobs  # noqa: E402  (the path before chunked log-probs)
 
 
@@ -101,13 +102,15 @@ def main():
     import world
     config = AutoConfig.from_pretrained(world.base_model_dir())
     n_head = config.vocab_size * config.hidden_size
-    n_body = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_config(config).parameters()) - n_head
+    model = __import__("transformers").AutoModelForCausalLM.from_config(config)
+    n_body = sum(p.numel() for p in model.parameters()) - n_head
     batch = classroom_batch()
     B, T = batch.input_ids.shape
     R = int(batch.mask.sum())
     peak = matmul_flops()
     print(f"classroom model: {n_body / 1e3:.0f}K body + {n_head / 1e3:.0f}K output-layer parameters; batch {B} x {T} "
-          f"positions, {R} response tokens; fp32 matmul {peak / 1e9:.0f} GFLOP/s on {torch.get_num_threads()} threads\n")
+          f"positions, {R} response tokens; fp32 matmul {peak / 1e9:.0f} GFLOP/s on {torch.get_num_threads()} "
+          f"threads\n")
 
     def flops(positions, head_rows):
         return 8 * n_body * positions + 8 * n_head * head_rows

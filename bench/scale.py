@@ -22,7 +22,7 @@ The weight sync is timed into a bf16 engine model (the transformers engine's loa
 vLLM's): before, every parameter gathered in fp32 into one list; after, streamed one parameter at a
 time in the engine's dtype. Extra peak = the highest resident memory during the sync minus that
 before it. Loading runs 2 ranks (torchrun): before, each rank reads the whole fp32 policy and
-reference onto its device and then shards; after, `grpo.load_sharded`.
+reference onto its device and then shards; after, `sharding.load_sharded`.
 
 `memory_account` is the per-GPU budget of the official preset computed from a model config; the
 bench checks it against the measured peaks of the small model (minus the process's memory before
@@ -43,13 +43,17 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import grpo  # noqa: E402
-from grpo import Batch, StepConfig, init_distributed, load_sharded, shard, train_step  # noqa: E402
+import logprobs  # noqa: E402
+import sharding  # noqa: E402
+from grpo import Batch, StepConfig, train_step  # noqa: E402
+from logprobs import naive_vocab_logprobs  # noqa: E402
+from sharding import init_distributed, load_sharded, shard  # noqa: E402
 
 VOCAB = 151_936
 SMALL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=2,
              num_key_value_heads=1, head_dim=128, tie_word_embeddings=True, max_position_embeddings=4096)
-QWEN3_4B = dict(vocab_size=VOCAB, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
+QWEN3_4B = dict(vocab_size=VOCAB, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
 GiB = 2**30
 
 # What each variant turns on. "before": everything as it was.
@@ -77,7 +81,8 @@ def param_count(c):
 
 
 def memory_account(c, world_size=8, micro_tokens=16_384, compute_bytes=2, ref_bytes=2, checkpointing=True,
-                   defer_grad_sync=False, gpu_bytes=80e9, vllm_share=0.3, weight_sync=True, logit_chunk=grpo.LOGIT_CHUNK):
+                   defer_grad_sync=False, gpu_bytes=80e9, vllm_share=0.3, weight_sync=True,
+                   logit_chunk=logprobs.LOGIT_CHUNK):
     """Bytes per GPU of the official preset's training, by part, from the model config `c`.
 
     Sharded over `world_size` ranks: fp32 parameters, fp32 gradients, AdamW's two fp32 moments, and
@@ -106,7 +111,8 @@ def memory_account(c, world_size=8, micro_tokens=16_384, compute_bytes=2, ref_by
         "gathered parameters and their gradients": 2 * compute_bytes * (root + 2 * layer),
         "unsharded gradients (deferred sync)": 4 * P if defer_grad_sync else 0,
         "activations": (L * micro_tokens * H * compute_bytes + inside) if checkpointing else L * inside,
-        "output layer: hidden states + one log-prob chunk": 2 * micro_tokens * H * compute_bytes + 3 * 4 * logit_chunk * V,
+        "output layer: hidden states + one log-prob chunk":
+            2 * micro_tokens * H * compute_bytes + 3 * 4 * logit_chunk * V,
         "weight sync (one gathered parameter)": compute_bytes * root if weight_sync else 0,
         "vLLM (weights + KV cache)": vllm_share * gpu_bytes,
     }
@@ -118,7 +124,8 @@ def print_account(parts, gpu_bytes):
     print(f"{'part':<52} {'GB':>7}")
     for name, value in parts.items():
         print(f"{name:<52} {value / 1e9:>7.2f}")
-    print(f"{'total':<52} {total / 1e9:>7.2f}   of {gpu_bytes / 1e9:.0f} GB: margin {(gpu_bytes - total) / 1e9:.1f} GB")
+    print(f"{'total':<52} {total / 1e9:>7.2f}   of {gpu_bytes / 1e9:.0f} GB: "
+          f"margin {(gpu_bytes - total) / 1e9:.1f} GB")
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,7 +162,7 @@ def make_step_batch(n=4, seed=0):
 
 def vocab_token_logprobs(model, input_ids, mask, temperature, entropy=False):
     """Before: log-softmax over the vocabulary at every position, and the entropy of every position."""
-    logp_all = (model(input_ids=input_ids).logits[:, :-1].float() / temperature).log_softmax(-1)      # [B, T-1, V]
+    logp_all = naive_vocab_logprobs(model, input_ids, temperature)                                   # [B, T-1, V]
     logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1) * mask
     with torch.no_grad():
         ent = -(logp_all.exp() * logp_all).sum(-1)
@@ -233,7 +240,7 @@ def child_sync(model_dir, streamed):
     rank, _, _ = init_distributed()
     policy = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
     engine = HFEngine(model_dir, 8, 8, dtype="bfloat16")
-    weights = lambda: grpo.full_weights(policy, engine.dtype) if streamed else \
+    weights = lambda: sharding.full_weights(policy, engine.dtype) if streamed else \
         [(name, t.full_tensor()) for name, t in policy.state_dict().items()]
     engine.load_weights(weights())                   # warm
     with PeakRSS() as mem:
@@ -255,7 +262,7 @@ def child_head(naive, tokens=8192, hidden_size=SMALL["hidden_size"]):
         if naive:
             logp = (hidden @ weight.T / 0.7).log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
         else:
-            logp, _ = grpo.ChunkedLogprobs.apply(hidden, weight, targets, 0.7, False)
+            logp, _ = logprobs.ChunkedLogprobs.apply(hidden, weight, targets, 0.7, False)
         (advantages * logp).sum().backward()
     return {"extra": mem.extra, "tokens": tokens, "logp": logp.tolist(),
             "grad_weight_norm": weight.grad.norm().item(), "grad_hidden_norm": hidden.grad.norm().item()}
@@ -339,8 +346,8 @@ def main():
             for mode in ("naive", "chunked"):
                 r = head[mode]
                 print(f"{mode:<36} {r['extra'] / 2**20:>15.0f} {r['extra'] / r['tokens'] / 1024:>14.0f}")
-            print(f"{n['tokens']} tokens, V={VOCAB:,}: {n['extra'] / c['extra']:.1f}x less memory per token; log-probs "
-                  f"differ by at most {diff:.1e}, gradient norms by {grads:.1e} (relative)\n")
+            print(f"{n['tokens']} tokens, V={VOCAB:,}: {n['extra'] / c['extra']:.1f}x less memory per token; "
+                  f"log-probs differ by at most {diff:.1e}, gradient norms by {grads:.1e} (relative)\n")
         if "step" not in parts:
             results = {}
         else:
@@ -361,7 +368,8 @@ def main():
             print(f"{name:<30} {r['peak'] / GiB:>9.2f} {before['peak'] / r['peak']:>8.2f}x {r['seconds']:>8.2f} "
                   f"{before['seconds'] / r['seconds']:>8.2f}x {r['efficiency']:>13.2f} {account_text}")
             if account and abs(account - r["peak"]) / r["peak"] > 0.2:
-                print(f"    the account is {100 * abs(account - r['peak']) / r['peak']:.0f}% off the measured peak (> 20%)")
+                off = 100 * abs(account - r['peak']) / r['peak']
+                print(f"    the account is {off:.0f}% off the measured peak (> 20%)")
 
         if "sync" in parts:
             print(f"\n{'weight sync, 2 ranks, into bf16':<32} {'seconds':>8} {'extra peak MiB (rank 1)':>24}")

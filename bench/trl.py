@@ -32,7 +32,7 @@ The first --warmup steps of each are left out; the table shows medians. Train-ph
 backward; B x T the padded batch the forwards run on (ours right-pads prompt+response; TRL
 left-pads prompts and right-pads completions), N_body all parameters except the output layer
 (the norms included, the embedding lookup being free of FLOPs), N_head the output layer's (tied to
-the embedding: counted once), run by both only on the R response tokens (grpo.response_hidden,
+the embedding: counted once), run by both only on the R response tokens (logprobs.response_hidden,
 TRL's fused LM head). Attention's score and value products are left out. The machine's practical
 FLOP/s is the best of a few fp32 --matmul_size square matmuls, with the threads the runs use.
 """
@@ -120,7 +120,8 @@ def run_ours(steps, tmp):
     cmd = [sys.executable, "-c", OURS_LAUNCHER, shapes, os.path.join(ROOT, "train.py"),
            "--method", "gt", "--steps", str(steps), "--eval_every", "1000", "--eval_limit", "16",
            "--save_every", "0", "--out", out, "--overwrite", "--seed", str(SETTING["seed"]),
-           "--questions_per_step", str(SETTING["pairs"]), "--views", "both", "--group_size", str(SETTING["group_size"]),
+           "--questions_per_step", str(SETTING["pairs"]), "--views", "both",
+           "--group_size", str(SETTING["group_size"]),
            "--max_response_len", str(SETTING["max_response_len"]), "--temperature", str(SETTING["temperature"]),
            "--lr", str(SETTING["lr"]), "--kl_coef", str(SETTING["kl_coef"]), "--mini_batches", "1",
            "--micro_batch_size", str(2 * SETTING["pairs"] * SETTING["group_size"]), "--dtype", "float32"]
@@ -265,7 +266,8 @@ def main():
             r["gflops"] = train_flops(r, n_body, n_head) / r["train"] / 1e9
             r["response_len"] = r["response_tokens"] / r["rows"]
     print(f"torch {torch.__version__}, {threads()} threads; {model_dir}: {n_body + n_head:,} parameters "
-          f"(output layer {n_head:,}, tied to the embedding); fp32 {args.matmul_size}^3 matmul: {peak / 1e9:.1f} GFLOP/s")
+          f"(output layer {n_head:,}, tied to the embedding); fp32 {args.matmul_size}^3 matmul: "
+          f"{peak / 1e9:.1f} GFLOP/s")
     print(f"{args.steps} steps each (ours {t1 - t0:.0f} s, TRL {t2 - t1:.0f} s with start-up), "
           f"medians over steps {args.warmup + 1}-{args.steps}")
     for name, runs in (("ours", ours_all), ("TRL", theirs_all)):

@@ -73,7 +73,8 @@ def main():
             k["vote right"] += same(vote, p.answer)
             k["vote copies the trap"] += same(vote, copied)
     print(f"{P} questions x 2 views x G={args.group_size}, temperature 1.0, {model}")
-    for key in ("votes agree", "both right", "both wrong, one answer", "both wrong, differently", "one right, one wrong"):
+    for key in ("votes agree", "both right", "both wrong, one answer", "both wrong, differently",
+                "one right, one wrong"):
         print(f"  {key:<36} {count[key]:>4}  ({count[key] / P:.0%} of questions)")
     wrong = max(count["wrong self-votes"], 1)
     print(f"  wrong self-votes {count['wrong self-votes']} of {2 * P}: the other view's vote is right for "

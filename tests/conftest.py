@@ -11,7 +11,7 @@ sys.path.insert(0, ROOT)
 def dist_world():
     """A process group of one (gloo), as train.py has under `python train.py`. Per test: closing
     a vLLM engine tears down the process group it shares."""
-    from grpo import init_distributed
+    from sharding import init_distributed
     return init_distributed()
 
 

@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from grpo import NonFiniteError, StepConfig, full_weights, init_distributed, shard, train_step  # noqa: E402
+from grpo import NonFiniteError, StepConfig, train_step  # noqa: E402
+from sharding import full_weights, init_distributed, shard  # noqa: E402
 from test_grpo import _batch, _tiny_model  # noqa: E402
 
 N, MINI_BATCHES = 8, 2

@@ -43,11 +43,13 @@ def _pair_file(tmp_path, rows, name="pairs.parquet"):
     return str(path)
 
 
-GOOD = {"original_question": "What is 2+3?", "rephrased_question": "Tom has 2 apples and gets 3 more. How many?", "solution": "5"}
+GOOD = {"original_question": "What is 2+3?", "rephrased_question": "Tom has 2 apples and gets 3 more. How many?",
+        "solution": "5"}
 
 
 def test_a_pair_parquet_path_loads(tmp_path):
-    assert data.load_pairs(_pair_file(tmp_path, [GOOD])) == [data.Pair(GOOD["original_question"], GOOD["rephrased_question"], "5")]
+    assert data.load_pairs(_pair_file(tmp_path, [GOOD])) == [data.Pair(GOOD["original_question"],
+                                                                       GOOD["rephrased_question"], "5")]
     numeric = _pair_file(tmp_path, [{**GOOD, "solution": 7.0}, {**GOOD, "solution": 2.5}], "numeric.parquet")
     assert [p.answer for p in data.load_pairs(numeric)] == ["7", "2.5"]
 
@@ -58,7 +60,8 @@ def test_a_missing_column_is_named(tmp_path):
         data.load_pairs(path)
 
 
-@pytest.mark.parametrize("column, value", [("original_question", ""), ("rephrased_question", "   "), ("rephrased_question", None)])
+@pytest.mark.parametrize("column, value", [("original_question", ""), ("rephrased_question", "   "),
+                                           ("rephrased_question", None)])
 def test_an_empty_question_names_file_row_and_column(tmp_path, column, value):
     path = _pair_file(tmp_path, [GOOD, GOOD, {**GOOD, column: value}])
     with pytest.raises(ValueError, match=rf"pairs.parquet: row 2: {column}: the question must be a non-empty string"):
@@ -106,7 +109,8 @@ def test_verl_pair_files_join_by_row(tmp_path):
 def test_misaligned_verl_files_are_refused(tmp_path):
     a = _pair_file(tmp_path, _verl_rows(["q1", "q2", "q3"], ["1", "2", "3"]), "a.parquet")
     b = _pair_file(tmp_path, _verl_rows(["r1", "r3", "r2"], ["1", "3", "2"]), "b.parquet")
-    with pytest.raises(ValueError, match=r"misaligned pair files: row 1: ground truth '2' in .*a.parquet but '3' in .*b.parquet"):
+    with pytest.raises(ValueError, match=r"misaligned pair files: row 1: ground truth '2' in .*a.parquet "
+                                         r"but '3' in .*b.parquet"):
         data.verl_pairs(a, b)
     short = _pair_file(tmp_path, _verl_rows(["r1"], ["1"]), "short.parquet")
     with pytest.raises(ValueError, match="misaligned pair files: .*a.parquet has 3 rows, .*short.parquet has 1"):
@@ -117,7 +121,8 @@ def test_a_verl_row_without_ground_truth_or_user_message_is_named(tmp_path):
     rows = _verl_rows(["q1", "q2"], ["1", "2"])
     rows[1]["reward_model"] = None
     a = _pair_file(tmp_path, rows, "a.parquet")
-    with pytest.raises(ValueError, match="a.parquet: row 1: missing ground truth: `reward_model` has no 'ground_truth'"):
+    with pytest.raises(ValueError,
+                       match="a.parquet: row 1: missing ground truth: `reward_model` has no 'ground_truth'"):
         data.verl_pairs(a, a)
     rows = _verl_rows(["q1", "q2"], ["1", "2"])
     rows[0]["prompt"] = [{"role": "system", "content": data.SYSTEM_PROMPT}]
@@ -243,14 +248,17 @@ def _chars(text):
 
 def test_rephrase_drops_responses_without_markers(capsys):
     kept = rephrase.rephrase(TextEngine(), _chars, _chars, QUESTIONS)
-    assert kept == [(0, QUESTIONS[0], "R1: Tom has 2 apples and buys 3."), (2, QUESTIONS[2], "R3: one cat meets one cat.")]
-    assert "dropped 1 of 3 responses without text between the markers; the first: 'I cannot do that.'" in capsys.readouterr().out
+    assert kept == [(0, QUESTIONS[0], "R1: Tom has 2 apples and buys 3."),
+                    (2, QUESTIONS[2], "R3: one cat meets one cat.")]
+    assert ("dropped 1 of 3 responses without text between the markers; the first: 'I cannot do that.'"
+            in capsys.readouterr().out)
 
 
 def test_answer_check_drops_pairs_whose_majorities_disagree(capsys):
     kept = rephrase.rephrase(TextEngine(), _chars, _chars, QUESTIONS, check_answers=3)
     assert [i for i, _, _ in kept] == [0]                 # Q3 says 2, its rephrasing says 3
-    assert "dropped 1 of 2 pairs (0 without a majority answer on one side, 1 whose majorities differ)" in capsys.readouterr().out
+    assert ("dropped 1 of 2 pairs (0 without a majority answer on one side, 1 whose majorities differ)"
+            in capsys.readouterr().out)
 
 
 def test_rephrased_pairs_are_written_in_the_pair_format(tmp_path):
@@ -266,7 +274,8 @@ def test_questions_to_rephrase_come_from_a_file_or_a_shipped_set(tmp_path):
     path = str(tmp_path / "questions.parquet")
     pd.DataFrame({"problem": ["What is 2+3?", "What is 4*5?"], "answer": [5.0, 20.0]}).to_parquet(path)
     assert rephrase.load_questions(path) == (["What is 2+3?", "What is 4*5?"], ["5", "20"])
-    assert rephrase.load_questions("aime25", limit=2) == ([p.question for p in data.load_benchmark("aime25", 2)], ["70", "588"])
+    assert rephrase.load_questions("aime25", limit=2) == ([p.question for p in data.load_benchmark("aime25", 2)],
+                                                          ["70", "588"])
     pd.DataFrame({"text": ["What is 2+3?"]}).to_parquet(path)
     with pytest.raises(ValueError, match="questions.parquet: no 'question' or 'problem' column"):
         rephrase.load_questions(path)
@@ -280,7 +289,8 @@ def test_a_question_set_in_each_format_loads_with_its_named_columns(tmp_path):
     (tmp_path / "q.json").write_text(json.dumps(rows))
     (tmp_path / "q.jsonl").write_text("".join(json.dumps({"problem": r["question"], "solution": r["answer"]}) + "\n"
                                               for r in rows))
-    pd.DataFrame([{"prompt": r["question"], "ground_truth": str(r["answer"])} for r in rows]).to_parquet(tmp_path / "q.parquet")
+    pd.DataFrame([{"prompt": r["question"], "ground_truth": str(r["answer"])} for r in rows]).to_parquet(
+        tmp_path / "q.parquet")
     for name in ("q.json", "q.jsonl", "q.parquet"):
         pairs, test_time = data.load_training(str(tmp_path / name), "original")
         assert [(p.original, p.rephrased, p.answer) for p in pairs] == \

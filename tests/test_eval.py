@@ -70,12 +70,13 @@ def test_markdown_table():
 
 
 def test_defaults_follow_the_benchmarks():
-    import train
+    import config
     classroom = evaluation.parse_args([])
-    preset = train.PRESETS["classroom"]
+    preset = config.PRESETS["classroom"]
     # the classroom defaults are the training evaluation's, so that the two agree
     assert (classroom.benchmarks, classroom.temperature, classroom.max_tokens, classroom.k) == \
-        (["classroom"], preset["eval_temperature"], preset["max_response_len"], preset["eval_k"]) == (["classroom"], 1.0, 48, 8)
+        (["classroom"], preset["eval_temperature"], preset["max_response_len"], preset["eval_k"]) == \
+        (["classroom"], 1.0, 48, 8)
     paper = evaluation.parse_args(["--benchmarks", "math500,aime24"])
     assert (paper.benchmarks, paper.temperature, paper.max_tokens) == (["math500", "aime24"], 0.8, 3072)
 
@@ -85,7 +86,8 @@ def test_the_command_writes_the_table_and_json(tmp_path, tiny_model_dir, monkeyp
     import rollout
     engine = ConstantEngine("\\boxed{27}")
     monkeypatch.setattr(rollout, "make_engine", lambda *args, **kwargs: engine)
-    evaluation.main(["--model", tiny_model_dir, "--benchmarks", "amc23", "--limit", "3", "--k", "2", "--out", str(tmp_path)])
+    evaluation.main(["--model", tiny_model_dir, "--benchmarks", "amc23", "--limit", "3", "--k", "2",
+                     "--out", str(tmp_path)])
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["results"]["amc23"]["n"] == 3
     assert result["results"]["amc23"]["mean"] == pytest.approx(1 / 3)

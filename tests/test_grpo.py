@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import grpo
-from grpo import (Batch, NonFiniteError, StepConfig, full_weights, group_advantages, grpo_loss, micro_batches, pack_by_tokens,
-                  score_responses, shard, token_logprobs, train_step)
-from rewards import certainty_per_token
+from grpo import (Batch, NonFiniteError, StepConfig, group_advantages, grpo_loss, micro_batches, pack_by_tokens,
+                  train_step)
+from logprobs import naive_logprobs, token_logprobs
+from sharding import full_weights, shard
 from conftest import ROOT
 
 
@@ -94,65 +95,6 @@ def _batch(n=6, width=10, seed=1):
         mask[i, 2:2 + 2 + i % 2 + 4 * (i >= n // 2)] = 1.0
     adv = torch.randn(n, generator=g)
     return Batch(ids, mask, adv, torch.zeros(n, width - 1), torch.zeros(n, dtype=torch.long))
-
-
-def naive_logprobs(model, input_ids, temperature):
-    """The textbook formula: log_softmax over the vocabulary of every position's logits / T, then the
-    next token's entry: [B, T-1]."""
-    logits = model(input_ids=input_ids).logits[:, :-1].float() / temperature
-    return logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-
-
-@pytest.mark.parametrize("chunk", [1024, 5])
-def test_chunked_logprobs_match_the_naive_formula(monkeypatch, chunk):
-    """Log-probs, their gradients and the entropy from the last hidden states, the output layer run
-    chunk by chunk (5 tokens: several chunks and a short last one), against log_softmax over the whole
-    [B, T-1, V] logits, to 1e-5. Positions off the mask are 0 and get no gradient."""
-    monkeypatch.setattr(grpo, "LOGIT_CHUNK", chunk)
-    b, temperature = _batch(), 0.7
-    weights = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(2)) * b.mask   # any loss of logp
-    model = _tiny_model()
-    logp, entropy = token_logprobs(model, b.input_ids, b.mask, temperature, entropy=True)
-    grads = torch.autograd.grad((weights * logp).sum(), list(model.parameters()))
-    ref = _tiny_model()
-    naive = naive_logprobs(ref, b.input_ids, temperature)
-    ref_grads = torch.autograd.grad((weights * naive).sum(), list(ref.parameters()))
-    assert torch.allclose(logp, naive * b.mask, atol=1e-5) and logp[b.mask == 0].eq(0).all()
-    for (name, _), g, r in zip(model.named_parameters(), grads, ref_grads):
-        assert torch.allclose(g, r, atol=1e-5), name
-    assert sum(g.abs().sum() for g in grads) > 0
-    with torch.no_grad():
-        logp_all = (ref(input_ids=b.input_ids).logits[:, :-1] / temperature).log_softmax(-1)
-        naive_entropy = -(logp_all.exp() * logp_all).sum(-1)
-    assert torch.allclose(entropy, naive_entropy * b.mask, atol=1e-5)
-    assert entropy[b.mask == 1].min() > 0.5                      # the tiny random model is far from certain
-
-
-@pytest.mark.parametrize("method", ["self_certainty", "entropy"])
-def test_chunked_answer_free_rewards_match_the_naive_formula(dist_world, monkeypatch, method):
-    """The answer-free rewards, chunk by chunk over response positions, against the formulas of
-    rewards.py applied to the whole [B, T-1, V] log-probs: the mean over response tokens of
-    KL(U || p) = -log V - mean_v log p(v), or of -H(p) = sum_v p(v) log p(v)."""
-    monkeypatch.setattr(grpo, "LOGIT_CHUNK", 5)
-    b, temperature = _batch(), 0.7
-    model = _tiny_model()
-    cfg = StepConfig(temperature=temperature, micro_batch_size=4)
-    rewards = score_responses(model, b, cfg, lambda logp_all: certainty_per_token(method, logp_all))
-    with torch.no_grad():
-        logp_all = (model(input_ids=b.input_ids).logits[:, :-1] / temperature).log_softmax(-1)    # [B, T-1, V]
-    per_token = -torch.log(torch.tensor(64.0)) - logp_all.mean(-1) if method == "self_certainty" \
-        else (logp_all.exp() * logp_all).sum(-1)
-    naive = (per_token * b.mask).sum(-1) / b.mask.sum(-1)
-    assert torch.allclose(rewards, naive, atol=1e-5)
-    assert rewards.std() > 0
-
-
-def test_a_head_that_is_not_a_plain_linear_layer_is_refused():
-    """A model whose logits are not hidden @ weight.T (here: scaled by 2) stops with a message."""
-    model, b = _tiny_model(), _batch()
-    model.lm_head.register_forward_hook(lambda module, args, out: 2 * out)
-    with pytest.raises(ValueError, match="not its last hidden state times its output layer"):
-        token_logprobs(model, b.input_ids, b.mask, 1.0)
 
 
 def test_micro_batches_by_token_budget_by_hand():
@@ -315,7 +257,8 @@ def test_later_updates_take_their_ratio_against_the_sampling_policy(dist_world):
     the plain reference, and logs the largest of its updates' gradient norms."""
     batch, lr = _batch(n=8), 1.0
     order = torch.randperm(8, generator=torch.Generator().manual_seed(0))
-    cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=2, micro_batch_size=3, max_grad_norm=1e9)
+    cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=2, micro_batch_size=3,
+                     max_grad_norm=1e9)
     model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
     stats = train_step(model, ref, torch.optim.SGD(model.parameters(), lr=lr), batch, cfg, 1, order=order)
     expected, norms = _plain_reference_step(batch, order, 2, lr, cfg)
@@ -361,7 +304,8 @@ def test_a_non_finite_value_stops_the_step_before_the_weights_move(dist_world, m
         batch.sampler_logp[1, 2] = float("nan")
     else:
         real = torch.nn.utils.clip_grad_norm_
-        monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: real(params, max_norm) * float("inf"))
+        monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                            lambda params, max_norm: real(params, max_norm) * float("inf"))
     model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
     before = {k: v.clone() for k, v in full_weights(model)}
     cfg = StepConfig(mini_batches=1, micro_batch_size=6)

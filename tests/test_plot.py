@@ -32,7 +32,8 @@ def test_the_series_are_the_mean_and_band_over_seeds(tmp_path):
     steps, mean, low, high = plot.series(runs, "reward")["coreward1"]
     assert steps == [1, 2]
     assert mean == pytest.approx([0.2, 0.5]) and low == pytest.approx([0.1, 0.2]) and high == pytest.approx([0.3, 0.9])
-    assert plot.series(runs, "reward")["entropy"] == ([1, 2, 3], [-1.0, -0.5, -0.25], [-1.0, -0.5, -0.25], [-1.0, -0.5, -0.25])
+    assert plot.series(runs, "reward")["entropy"] == ([1, 2, 3], [-1.0, -0.5, -0.25], [-1.0, -0.5, -0.25],
+                                                      [-1.0, -0.5, -0.25])
     steps, mean, low, high = plot.series(runs, "eval_greedy")["coreward1"]
     assert steps == [0] and mean == pytest.approx([0.3])
     assert "entropy" not in plot.series(runs, "label_acc")
@@ -93,8 +94,10 @@ def test_the_study_table_by_hand(tmp_path):
     ]]
     lines = study.table(runs).splitlines()
     # coreward1 avg@k: first 0.2; best: step 40 (mean 0.5 against 0.4 at step 20); last 0.5; greedy is avg@k + 0.1
-    assert lines[2] == ("| `gt` | 1 | 40 | 0.200 / 0.700 / 0.600 | 0.300 / 0.800 / 0.700 | 0.400 / 0.900 / 0.800 | – |")
-    assert lines[3].startswith("| `coreward1` | 2 | 40 | 0.200 (0.200–0.200) / 0.500 (0.400–0.600) / 0.500 (0.400–0.600) | ")
+    assert lines[2] == ("| `gt` | 1 | 40 | 0.200 / 0.700 / 0.600 | 0.300 / 0.800 / 0.700 | "
+                        "0.400 / 0.900 / 0.800 | – |")
+    assert lines[3].startswith("| `coreward1` | 2 | 40 | 0.200 (0.200–0.200) / 0.500 (0.400–0.600) / "
+                               "0.500 (0.400–0.600) | ")
 
 
 def test_the_study_table_shows_where_each_seed_was_warned(tmp_path):
@@ -121,10 +124,12 @@ def test_the_study_table_shows_where_each_seed_was_warned(tmp_path):
 
 def test_a_run_still_being_written_is_drawn_without_its_unfinished_line(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"method": "gt", "seed": 0}))
-    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval_acc": 0.1}\n{"step": 1, "reward": 0.5}\n{"step": 2, "rew')
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval_acc": 0.1}\n{"step": 1, "reward": 0.5}\n'
+                                            '{"step": 2, "rew')
     method, seed, records = plot.read_run(str(tmp_path))
     assert (method, seed, [r["step"] for r in records]) == ("gt", 0, [0, 1])
     assert "its last line is unfinished" in capsys.readouterr().out
-    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval_acc": 0.1}\n{"step": 1, "rew\n{"step": 2, "reward": 1}\n')
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval_acc": 0.1}\n{"step": 1, "rew\n'
+                                            '{"step": 2, "reward": 1}\n')
     with pytest.raises(ValueError, match="line 2 is not JSON"):
         plot.read_run(str(tmp_path))

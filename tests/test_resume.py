@@ -23,6 +23,8 @@ import pytest
 import torch
 
 import checkpoint
+import config
+import run
 import train
 from conftest import ROOT
 
@@ -221,16 +223,16 @@ def test_sigterm_saves_and_exits_cleanly_and_the_run_resumes(tmp_path, uninterru
 @pytest.fixture
 def saved_run(tmp_path):
     """A run folder with a checkpoint of step 2 holding the classroom coreward1 configuration."""
-    args = train.parse_args(["--method", "coreward1", "--out", str(tmp_path), "--steps", "10"])
+    args = config.parse_args(["--method", "coreward1", "--out", str(tmp_path), "--steps", "10"])
     ckpt = tmp_path / "checkpoints" / "step_2"
     ckpt.mkdir(parents=True)
-    (ckpt / "config.json").write_text(json.dumps(train.config_of(args)))
+    (ckpt / "config.json").write_text(json.dumps(config.config_of(args)))
     torch.save({}, ckpt / "trainer.pt")
-    return tmp_path, train.config_of(args)
+    return tmp_path, config.config_of(args)
 
 
 def _resume(argv):
-    return train.resume_settings(train.parse_args(argv), train.given_flags(argv))
+    return config.resume_settings(config.parse_args(argv), config.given_flags(argv))
 
 
 def _other_value(action, value):
@@ -245,8 +247,8 @@ def _other_value(action, value):
     return "something-else"
 
 
-FIXED = [a for a in train.build_parser()._actions
-         if a.option_strings and a.dest not in ("help", "out", "resume", "overwrite", *train.MAY_CHANGE_ON_RESUME)]
+FIXED = [a for a in config.build_parser()._actions
+         if a.option_strings and a.dest not in ("help", "out", "resume", "overwrite", *config.MAY_CHANGE_ON_RESUME)]
 
 
 @pytest.mark.parametrize("action", FIXED, ids=[a.dest for a in FIXED])
@@ -268,7 +270,8 @@ def test_a_flag_that_differs_from_the_checkpoint_is_refused(saved_run, action):
 
 def test_steps_names_the_schedules_it_sets(saved_run):
     out, _ = saved_run
-    with pytest.raises(ValueError, match=r"--steps 20 differs from the checkpoint's 10 \(it sets the LR and EMA schedules\)"):
+    with pytest.raises(ValueError,
+                       match=r"--steps 20 differs from the checkpoint's 10 \(it sets the LR and EMA schedules\)"):
         _resume(["--resume", "--out", str(out), "--steps", "20"])
 
 
@@ -342,7 +345,7 @@ def test_resuming_an_older_checkpoint_moves_what_came_after_it_aside(tmp_path, c
         (tmp_path / "checkpoints" / f"step_{step}" / "trainer.pt").write_text(str(step))
     (tmp_path / "final").mkdir()
     (tmp_path / "final" / "model.safetensors").write_text("the model of step 6")
-    train.prepare_resume(str(tmp_path), 2, 6)
+    run.prepare_resume(str(tmp_path), 2, 6)
     assert [name for name in os.listdir(tmp_path / "checkpoints")] == ["step_2"]
     (aside,) = (tmp_path / "superseded").iterdir()
     assert sorted(os.listdir(aside)) == ["final", "step_4", "step_6"]
@@ -380,7 +383,8 @@ def test_fingerprints_by_hand(tmp_path):
     after = checkpoint.model_fingerprint(tmp_path)
     assert before["config.json"] == after["config.json"] and before["model.safetensors"] != after["model.safetensors"]
     pairs = [Pair("1+1?", None, "2"), Pair("2+2?", None, "4")]
-    assert checkpoint.questions_fingerprint(pairs) != checkpoint.questions_fingerprint([pairs[0], Pair("2+2?", None, "5")])
+    changed = [pairs[0], Pair("2+2?", None, "5")]
+    assert checkpoint.questions_fingerprint(pairs) != checkpoint.questions_fingerprint(changed)
     assert checkpoint.questions_fingerprint(pairs)["questions"] == 2
 
 
@@ -408,7 +412,7 @@ def test_metrics_lines_stay_whole_when_one_was_cut_before_its_newline(tmp_path):
     resumed log gives it its newline, so that the next record does not join it."""
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0, "eval_acc": 0.1}\n{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.6}')
-    log = train.MetricsLog(str(path), True, resume_step=2)
+    log = run.MetricsLog(str(path), True, resume_step=2)
     log.write({"step": 3, "reward": 0.7})
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
 
@@ -433,7 +437,7 @@ def test_a_checkpoint_is_on_disk_before_its_rename_publishes_it(dist_world, tmp_
     checkpoints/ folder after it: a crash of the machine never leaves a step_S/ with a torn file."""
     from transformers import AutoTokenizer
     import world
-    from grpo import shard
+    from sharding import shard
     from test_grpo import _tiny_model
     events, real_fsync, real_rename = [], os.fsync, os.rename
 

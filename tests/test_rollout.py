@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import world
-from grpo import token_logprobs
+from logprobs import token_logprobs
 from rollout import SEED_STRIDE, make_engine, request_seed
 
 TOL = 1e-4

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 import world
-from grpo import full_weights, shard, token_logprobs
+from logprobs import token_logprobs
 from rewards import certainty_per_token, labels_for
 from rollout import make_engine, request_seed
+from sharding import full_weights, shard
 from teacher import ema_decay, ema_update, teacher_rollout
 
 

@@ -9,7 +9,8 @@ def test_splits_are_disjoint_and_deterministic():
     splits = {s: world.make_split(s) for s in ("warmup", "train", "test")}
     keys = {s: {p.maths for p in ps} for s, ps in splits.items()}
     assert len(splits["test"]) == 200 and len(splits["train"]) == 1500 and len(splits["warmup"]) > 2000
-    assert not keys["train"] & keys["test"] and not keys["warmup"] & keys["test"] and not keys["warmup"] & keys["train"]
+    assert (not keys["train"] & keys["test"] and not keys["warmup"] & keys["test"]
+            and not keys["warmup"] & keys["train"])
     assert world.make_split("test") == splits["test"]
 
 
@@ -40,7 +41,8 @@ def test_views_share_numbers_and_answer_but_not_wording():
         assert {w for w in p.original.split() if w in items} != {w for w in p.rephrased.split() if w in items}
         kinds.append(trap1 + trap2)
     # one view trapped and the other not is the most common case; none and both occur too
-    assert kinds.count(1) > 0.5 * len(kinds) and kinds.count(0) > 0.1 * len(kinds) and kinds.count(2) > 0.1 * len(kinds)
+    assert (kinds.count(1) > 0.5 * len(kinds) and kinds.count(0) > 0.1 * len(kinds)
+            and kinds.count(2) > 0.1 * len(kinds))
 
 
 def test_copying_a_trap_gives_another_whole_number():

@@ -1,5 +1,5 @@
-"""A run's folder is its own: two runs never share one, a run's workers stop when their launcher is
-gone and keep a resume out until they do.
+"""run.py: a run's folder is its own (two runs never share one, a run's workers stop when their
+launcher is gone and keep a resume out until they do), the collapse watch, and wandb only when asked.
 
 Each run is a `train.py` process in a session of its own, as in test_resume.py."""
 import json
@@ -9,6 +9,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+import run
 from conftest import ROOT
 from test_resume import _free_port, _state, process_tree, records
 
@@ -81,3 +84,50 @@ def test_a_worker_whose_launcher_is_killed_stops_and_keeps_a_resume_out(tmp_path
     steps = [r["step"] for r in records(out) if "reward" in r]
     assert steps == list(range(1, steps[-1] + 1)) and steps[-1] < 6
     assert os.path.isdir(out / "checkpoints" / f"step_{steps[-1]}") and not os.path.exists(out / "final")
+
+
+def _trajectory(unanimous, zero_variance, no_answer=0.0, common_answer=None, truncated=0.0):
+    common_answer = common_answer or [0.1] * len(unanimous)
+    return [{"step": i + 1, "unanimous": u, "zero_variance": z, "no_answer": no_answer, "common_answer": c,
+             "truncated": truncated} for i, (u, z, c) in enumerate(zip(unanimous, zero_variance, common_answer))]
+
+
+def test_the_collapse_warning_fires_on_a_collapsing_run_and_not_on_a_healthy_one():
+    """The rule: a mean over the last 10 steps of unanimous groups, zero-variance groups or
+    responses without an answer at 0.8 or more. A run whose groups come to agree (unanimous 0.1 ->
+    1.0 over 30 steps) is warned once, at the step where the 10-step mean reaches 0.8; a healthy run
+    (a third of its groups unanimous, half without reward spread) never is; a run that stops
+    answering is warned too."""
+    collapsing = _trajectory([min(1.0, 0.1 + 0.03 * i) for i in range(40)],
+                             [min(1.0, 0.2 + 0.03 * i) for i in range(40)])
+    watch = run.CollapseWatch()
+    warned = [(r["step"], w) for r in collapsing if (w := watch.update(r))]
+    # zero_variance at step s is 0.2 + 0.03 (s - 1): its mean over steps 17..26 is 0.2 + 0.03 x 20.5 = 0.815,
+    # the first window at 0.8 or more (steps 16..25: 0.785), printed 0.82; unanimous stays 0.1 lower
+    assert [s for s, _ in warned] == [26] and "zero_variance 0.82" in warned[0][1] and "collapsing" in warned[0][1]
+    healthy = _trajectory([0.3 + 0.05 * (i % 3) for i in range(60)], [0.5 + 0.1 * (i % 2) for i in range(60)])
+    watch = run.CollapseWatch()
+    assert not any(watch.update(r) for r in healthy)
+    silent = _trajectory([0.0] * 20, [0.3] * 20, no_answer=0.9)
+    watch = run.CollapseWatch()
+    assert [r["step"] for r in silent if watch.update(r)] == [10]
+    babbling = _trajectory([0.0] * 20, [0.3] * 20, truncated=0.95)
+    watch = run.CollapseWatch()
+    assert [r["step"] for r in babbling if watch.update(r)] == [10]
+
+
+def test_the_collapse_warning_fires_when_every_question_gets_one_answer():
+    """The reward hack of a vote without unanimous groups: the groups still disagree a little, but
+    more and more questions get the same majority answer. common_answer rises 0.1 -> 0.7 by 0.02 a
+    step; its mean over steps s-9..s is 0.1 + 0.02 (s - 5.5), first >= 0.2 at s = 10.5 -> step 11."""
+    rising = [min(0.7, 0.1 + 0.02 * i) for i in range(40)]
+    hacked = _trajectory([0.2] * 40, [0.4] * 40, common_answer=rising)
+    watch = run.CollapseWatch()
+    warned = [(r["step"], w) for r in hacked if (w := watch.update(r))]
+    assert [s for s, _ in warned] == [11] and "common_answer 0.21" in warned[0][1]
+
+
+def test_wandb_is_not_needed_without_the_flag(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)          # `import wandb` fails
+    with pytest.raises(ImportError, match="--wandb needs the wandb package"):
+        run.start_wandb("proj", "abc", {})

@@ -1,0 +1,268 @@
+"""A run's settings: the presets, the flags, and the checks that refuse what cannot work.
+
+A setting comes from the first of: the flag on the command line; the method's values
+(METHOD_DEFAULTS: a method is a set of argument values); the preset's (PRESETS: `classroom`, the
+default with no --model, runs the tiny world of world.py; `official`, the default with --model,
+is the paper's recipe as the official scripts run it); DEFAULTS, for what no preset sets.
+`python train.py --help` prints each flag's value in each preset and method, generated from these
+tables.
+
+`--resume` continues a run with its checkpoint's configuration (`resume_settings`): flags given
+again must agree with it, except those in MAY_CHANGE_ON_RESUME. Settings that cannot work (a group
+of one response, no steps, mini-batches that do not split a rank's sequences, ...) are refused
+before any compute (`check_settings`).
+"""
+import argparse
+import os
+
+import checkpoint
+from rewards import METHODS, TEACHER_METHODS, TWO_VIEW_METHODS
+
+PRESETS = {
+    "classroom": dict(
+        data="classroom", questions_per_step=16, group_size=8, steps=60, lr=1e-4, weight_decay=0.0,
+        warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
+        max_prompt_len=64, max_response_len=48, mini_batches=1, micro_batch_size=256,
+        eval_data="classroom", eval_every=20, eval_k=8, eval_limit=200, eval_temperature=1.0, dtype="float32",
+        cpu_kv_cache_gib=0.25, save_every=20, activation_checkpointing=False,
+        max_tokens_per_micro_batch=4096),          # less padding than by count (bench/classroom.py)
+    "official": dict(
+        data="openrs", questions_per_step=128, group_size=8, epochs=3, lr=3e-6, weight_decay=0.01,
+        warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
+        max_prompt_len=512, max_response_len=3072, micro_batch_size=2,
+        mini_batches=1,                 # one update per step: ppo_mini_batch_size = train_batch_size = 128
+        max_tokens_per_micro_batch=16384,                      # the memory account of bench/scale.py
+        # the official scripts' validation: greedy (eval_greedy) on the 5,000 MATH test questions every 10 steps;
+        # eval_acc adds one sample per question at the paper's evaluation temperature
+        eval_data="math5000", eval_every=10, eval_k=1, eval_limit=None, eval_temperature=0.8, dtype="bfloat16",
+        cpu_kv_cache_gib=2.0, save_every=10,           # as Co-rewarding-I's script (Co-rewarding-II's: 30)
+        activation_checkpointing=True),
+}
+# A method is a set of argument values: these override the preset unless given on the command line.
+METHOD_DEFAULTS = {
+    "coreward1": dict(views="both"),         # each view's vote labels the other's responses
+    # the KL anchor is the EMA teacher, weaker than to the start model
+    "coreward2": dict(kl_coef=0.001),
+    "coreward3": dict(kl_coef=0.001, teacher_prompts="rephrased"),
+    "coreward3_both": dict(kl_coef=0.001, views="both"),
+}
+# The defaults of flags that neither the preset nor the method sets.
+DEFAULTS = dict(views="original", teacher_prompts="same", seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999,
+                max_sampler_gap=0.1, keep_last=2, gpu_memory_utilization=0.3, defer_grad_sync=False)
+VIEWS = ("original", "both")
+TEACHER_PROMPTS = ("same", "rephrased")
+# What a resumed run may change; every other flag must agree with the checkpoint's configuration.
+MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "wandb")
+# Flags that say how to start this process, not what the run is: not part of its configuration.
+NOT_CONFIG = ("resume", "overwrite")
+LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
+
+
+def values_of(name):
+    """' [classroom: 60; official: none; coreward2: 0.001]': flag `name`'s value in each preset (and
+    DEFAULTS) and in each method that sets it; '' for a flag that none of them sets."""
+    presets = [(preset, {**DEFAULTS, **values}) for preset, values in PRESETS.items()]
+    if not any(name in values for _, values in presets):
+        return ""
+    shown = [f"{preset}: {'none' if values.get(name) is None else values[name]}" for preset, values in presets]
+    shown += [f"{method}: {values[name]}" for method, values in METHOD_DEFAULTS.items() if name in values]
+    return " [" + "; ".join(shown) + "]"
+
+
+# Every flag: (name, argparse options, help). values_of adds to each help the flag's values.
+FLAGS = [
+    ("method", dict(choices=METHODS), "required, unless given by --resume's checkpoint"),
+    ("model", {}, "a Hugging Face model folder (default: the classroom base model)"),
+    ("preset", dict(choices=list(PRESETS)), "default: classroom without --model, else official"),
+    ("data", {}, "'classroom', openrs, math, dapo, amc_ttt, a parquet of pairs, or a hub dataset id; with --views "
+                 "original also a question set (.parquet/.json/.jsonl with question and answer columns) or a "
+                 "benchmark's questions (test-time training)"),
+    ("views", dict(choices=VIEWS), "'original': train on the original questions; 'both': each with its rephrasing "
+                                   "(what the two-view methods need)"),
+    ("teacher_prompts", dict(choices=TEACHER_PROMPTS), "what the EMA teacher answers: the policy's own prompts "
+                                                       "('same') or their rephrasings ('rephrased')"),
+    ("eval_data", {}, "'classroom', a shipped benchmark (math500, gsm8k, amc, amc23, aime24, aime25) or math5000"),
+    ("out", {}, "output folder (default: runs/METHOD)"),
+    ("overwrite", dict(action="store_true"), "replace the outputs of an earlier run in --out"),
+    ("resume", dict(nargs="?", const=LATEST, metavar="CHECKPOINT"),
+     "continue the run in --out from its latest checkpoint, or from the CHECKPOINT folder named"),
+    ("seed", dict(type=int), "seeds the data order, every sampled request and the mini-batch order"),
+    ("backend", dict(choices=["vllm", "hf"]), "rollout engine"),
+    ("steps", dict(type=int), "training steps (none: --epochs over the training questions)"),
+    ("epochs", dict(type=float), "passes over the training questions, when --steps is not set"),
+    ("questions_per_step", dict(type=int), "questions per step, over all ranks (with --views both, each with its "
+                                           "rephrasing)"),
+    ("group_size", dict(type=int), "G: responses per question and view"),
+    ("lr", dict(type=float), "AdamW's learning rate after the warm-up"),
+    ("weight_decay", dict(type=float), "AdamW's weight decay"),
+    ("warmup_ratio", dict(type=float), "the share of the steps the learning rate warms up over; then a cosine to 0"),
+    ("max_grad_norm", dict(type=float), "gradients are clipped to this global norm"),
+    ("clip_eps", dict(type=float), "PPO's ratio clip ε"),
+    ("kl_coef", dict(type=float), "β of the k3 KL term to the frozen start model (to the teacher for the teacher "
+                                  "methods)"),
+    ("temperature", dict(type=float), "sampling temperature (the log-probs are those of logits / temperature)"),
+    ("max_prompt_len", dict(type=int), "prompt tokens at most; longer training questions are dropped"),
+    ("max_response_len", dict(type=int), "response tokens sampled at most"),
+    ("mini_batches", dict(type=int), "optimizer updates per step"),
+    ("micro_batch_size", dict(type=int), "sequences per forward/backward pass, when grouped by count"),
+    ("eval_every", dict(type=int), "evaluate every K steps (and before the first and after the last)"),
+    ("eval_k", dict(type=int), "samples per evaluation question"),
+    ("eval_limit", dict(type=int), "evaluation questions (none: all)"),
+    ("eval_temperature", dict(type=float), "the evaluation's sampling temperature"),
+    ("dtype", {}, "the trainer's compute dtype, and the engine's"),
+    ("cpu_kv_cache_gib", dict(type=float), "vLLM's KV cache on a CPU"),
+    ("gpu_memory_utilization", dict(type=float), "the share of each GPU vLLM's engine takes for its weights and KV "
+                                                 "cache"),
+    ("activation_checkpointing", dict(action=argparse.BooleanOptionalAction),
+     "recompute each decoder layer in the backward instead of keeping its activations"),
+    ("max_tokens_per_micro_batch", dict(type=int),
+     "group each forward/backward pass by padded tokens instead of --micro_batch_size rows: rows of similar length "
+     "together, each pass padded to its own longest row (0: by count)"),
+    ("defer_grad_sync", dict(action=argparse.BooleanOptionalAction),
+     "reduce-scatter gradients once per update instead of after every micro-batch (keeps unsharded gradients in "
+     "between: bench/scale.py's memory account)"),
+    ("save_every", dict(type=int), "write a checkpoint every K steps and at the last (0: never)"),
+    ("keep_last", dict(type=int), "keep the newest N checkpoints (0: all)"),
+    ("wandb", dict(metavar="PROJECT"), "also log every record of metrics.jsonl to Weights & Biases, project PROJECT "
+                                       "(wandb is not a requirement: pip install wandb; WANDB_MODE=offline works); a "
+                                       "resumed run continues its run"),
+    ("ema_start", dict(type=float), "the teacher's EMA decay at the first step"),
+    ("ema_end", dict(type=float), "... and at the last (the official code's differs: README, departures)"),
+    ("max_sampler_gap", dict(type=float), "stop when the sampler's and the trainer's log-probs differ by more than "
+                                          "this (mean per token)"),
+]
+ALIASES = {"questions_per_step": ["--pairs_per_step"]}
+
+
+def build_parser(argument_default=None, description=None):
+    ap = argparse.ArgumentParser(description=description, argument_default=argument_default,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, options, help in FLAGS:
+        ap.add_argument(f"--{name}", *ALIASES.get(name, []), help=help + values_of(name), **options)
+    return ap
+
+
+def parse_args(argv=None, description=None):
+    """The run's settings: the flags given, then the method's and the preset's values, then DEFAULTS."""
+    ap = build_parser(description=description)
+    args = ap.parse_args(argv)
+    if args.method is None and args.resume is None:
+        ap.error("the following arguments are required: --method")
+    args.preset = args.preset or ("classroom" if args.model is None else "official")
+    preset = {**DEFAULTS, **PRESETS[args.preset], **METHOD_DEFAULTS.get(args.method, {})}     # later ones win
+    for key, value in preset.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    args.out = args.out or (args.method and os.path.join("runs", args.method))
+    return args
+
+
+def given_flags(argv=None):
+    """The names of the flags on the command line."""
+    return set(vars(build_parser(argparse.SUPPRESS).parse_args(argv)))
+
+
+def config_of(args):
+    """The run's configuration: what config.json and a checkpoint record."""
+    return {k: v for k, v in vars(args).items() if k not in NOT_CONFIG}
+
+
+def resume_settings(args, given):
+    """(settings, checkpoint path) of `--resume`: the checkpoint's configuration, with the flags given
+    now checked against it. A flag outside MAY_CHANGE_ON_RESUME that differs stops the run."""
+    def refuse(message):
+        raise ValueError(f"{message}; nothing was run")
+    if args.overwrite:
+        refuse("--resume continues the run in its folder and --overwrite would delete it: give one or the other")
+    if args.resume == LATEST:
+        if args.out is None:
+            refuse("--resume needs --out (the run's folder), or --method for the default runs/METHOD")
+        path = checkpoint.latest(args.out)
+        if path is None:
+            raise FileNotFoundError(f"--resume: {args.out} holds no complete checkpoint (checkpoints/step_S); "
+                                    f"nothing to continue. Start the run without --resume")
+        out = args.out
+    else:
+        path = os.path.normpath(args.resume)
+        if not checkpoint.is_checkpoint(path):
+            raise FileNotFoundError(f"--resume {args.resume}: not a complete checkpoint folder (one holds trainer.pt "
+                                    f"and config.json, as OUT/checkpoints/step_S does)")
+        out = os.path.dirname(os.path.dirname(path))
+        in_its_run = os.path.basename(os.path.dirname(path)) == "checkpoints"
+        if in_its_run and "out" in given and os.path.abspath(args.out) != os.path.abspath(out):
+            refuse(f"--out {args.out} is not the run that holds {path} ({out}): a resumed run writes into the folder "
+                   f"of its checkpoint; drop --out")
+        if not in_its_run:
+            if "out" not in given:
+                refuse(f"--resume {args.resume} is not in a run's checkpoints/ folder (a copy?): say which run folder "
+                       f"it continues with --out, so that nothing beside the copy is taken for the run's")
+            out = args.out
+    settings = checkpoint.read_config(path)
+    for name in sorted(given - {"resume", "out", "overwrite"}):
+        now, then = getattr(args, name), settings.get(name)
+        if now == then:
+            continue
+        if name in MAY_CHANGE_ON_RESUME:
+            print(f"resume: --{name} changes from {then} to {now}")
+            settings[name] = now
+        else:
+            why = " (it sets the LR and EMA schedules)" if name in ("steps", "epochs") else ""
+            refuse(f"--{name} {now} differs from the checkpoint's {then}{why} in {path}: a resumed run keeps its "
+                   f"configuration; drop the flag, or start a new run in another --out")
+    return argparse.Namespace(**{**settings, "out": out, "resume": path, "overwrite": False}), path
+
+
+def check_settings(args, world_size):
+    """Refuse, before any compute, settings that cannot work."""
+    def refuse(message):
+        raise ValueError(f"{message}; nothing was run")
+    if not 0 < args.gpu_memory_utilization < 1:
+        refuse(f"--gpu_memory_utilization {args.gpu_memory_utilization} must be between 0 and 1: the share of each "
+               f"GPU vLLM takes; the trainer needs the rest")
+    for name in ("questions_per_step", "mini_batches", "micro_batch_size", "eval_every", "eval_k", "max_prompt_len",
+                 "max_response_len"):
+        if getattr(args, name) < 1:
+            refuse(f"--{name} {getattr(args, name)} must be at least 1")
+    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch"):
+        if getattr(args, name) < 0:
+            refuse(f"--{name} {getattr(args, name)} must be 0 or more")
+    longest = args.max_prompt_len + args.max_response_len
+    if args.max_tokens_per_micro_batch and args.max_tokens_per_micro_batch < longest:
+        refuse(f"--max_tokens_per_micro_batch {args.max_tokens_per_micro_batch} must hold one sequence of the longest "
+               f"length, {longest} tokens (--max_prompt_len {args.max_prompt_len} + --max_response_len "
+               f"{args.max_response_len})")
+    if args.steps is not None and args.steps < 1:
+        refuse(f"--steps {args.steps} must be at least 1")
+    if args.steps is None and not args.epochs > 0:
+        refuse(f"--epochs {args.epochs} must be positive")
+    if not args.temperature > 0:
+        refuse(f"--temperature {args.temperature} must be positive: GRPO samples its groups")
+    if args.group_size < 2:
+        refuse(f"--group_size {args.group_size} must be at least 2: advantages compare a response with the others "
+               f"to its question (a group of one has no spread; the paper uses 8)")
+    if args.method in TWO_VIEW_METHODS and args.views != "both":
+        refuse(f"--method {args.method} labels each question's responses with its rephrasing's vote: it needs "
+               f"--views both, not --views {args.views}")
+    if args.teacher_prompts == "rephrased" and (args.method not in TEACHER_METHODS or args.views != "original"):
+        refuse(f"--teacher_prompts rephrased has the EMA teacher answer the rephrasings of the original questions "
+               f"the policy trains on: it needs a teacher method ({', '.join(TEACHER_METHODS)}) and --views "
+               f"original, not --method {args.method} --views {args.views}")
+    if args.questions_per_step % world_size:
+        refuse(f"--questions_per_step {args.questions_per_step} must be divisible by the {world_size} ranks")
+    views = 2 if args.views == "both" else 1
+    sequences = args.questions_per_step // world_size * views * args.group_size      # per rank: questions x views x G
+    if sequences % args.mini_batches:
+        refuse(f"--mini_batches {args.mini_batches} must divide the {sequences} sequences each rank trains on per "
+               f"step (--questions_per_step {args.questions_per_step} / {world_size} ranks x {views} view(s) x "
+               f"--group_size {args.group_size})")
+
+
+def settings(argv=None, description=None):
+    """(settings, the checkpoint to resume or None): the flags, resolved (parse_args) or taken from
+    the checkpoint (resume_settings), and checked for the world train.py was started in."""
+    args = parse_args(argv, description)
+    resume = None
+    if args.resume is not None:
+        args, resume = resume_settings(args, given_flags(argv))
+    check_settings(args, int(os.environ.get("WORLD_SIZE", 1)))
+    return args, resume

@@ -1,0 +1,124 @@
+"""Token log-probs of a batch of responses, from the decoder's last hidden states.
+
+The definition, for input_ids [B, T] and temperature T_s (the sampling temperature):
+
+    log π(token_{t+1} | tokens ≤ t) = log_softmax(logits_t / T_s)[token_{t+1}]
+
+`naive_logprobs` below computes it as written: logits [B, T, V] -> log_softmax over the vocabulary.
+It is the formula the chunked path must equal (the tests hold it to 1e-5, values and gradients),
+and nothing else calls it, because it keeps vocabulary-sized fp32 tensors for every position of a
+micro-batch: at V = 151,936 and 2 x 3,584 tokens, 4.4 GB each, and autograd keeps several.
+
+The chunked path: the model returns its last hidden states; only the positions that predict a
+response token are kept (prompt and padding positions never reach the output layer), and the
+output layer runs over LOGIT_CHUNK of them at a time (`ChunkedLogprobs`). The forward keeps
+hidden [n, H] and one logsumexp per token; the backward recomputes each chunk's logits. One
+[chunk, V] fp32 block is alive at a time, whatever the sequence length.
+
+- `token_logprobs`: log-probs of the response tokens (and, without gradient, the entropy of each
+  position's distribution), for the loss;
+- `token_values`: any function of each position's whole log-prob vector (the answer-free rewards).
+"""
+import warnings
+
+import torch
+
+
+def naive_vocab_logprobs(model, input_ids, temperature):
+    """log π(v | tokens ≤ t) for every position t < T-1 and every token v: [B, T-1, V]."""
+    logits = model(input_ids=input_ids).logits[:, :-1].float() / temperature
+    return logits.log_softmax(-1)
+
+
+def naive_logprobs(model, input_ids, temperature):
+    """The definition: log π(token_{t+1} | tokens ≤ t) at every position: [B, T-1]."""
+    return naive_vocab_logprobs(model, input_ids, temperature).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+LOGIT_CHUNK = 1024      # tokens per pass through the output layer: 1024 x 151,936 x 4 B = 0.62 GB per fp32 block
+
+
+def response_hidden(model, input_ids, mask):
+    """The decoder's last hidden states where `mask` [B, T-1] marks a position that predicts a
+    response token: (hidden [n, H], the predicted tokens [n], the output layer's weight [V, H]).
+
+    The model computes the logits of the last position only (logits_to_keep=1); they are compared
+    with hidden @ weight.T there, so that a model whose head is not a plain linear map (soft-capped
+    or scaled logits) stops the run instead of training on wrong log-probs."""
+    # FSDP warns that the first hidden state (the embeddings) is a view; none is written to
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        out = model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1)
+    hidden = out.hidden_states[-1]                                   # [B, T, H], after the final norm
+    weight = model.get_output_embeddings().weight                    # [V, H]; FSDP's root keeps it gathered
+    with torch.no_grad():
+        mine = (hidden[:, -1] @ weight.T).float()
+        if not torch.allclose(mine, out.logits[:, -1].float(), rtol=1e-2, atol=1e-2 * mine.abs().max().item()):
+            raise ValueError(f"{type(model).__name__}'s logits are not its last hidden state times its output "
+                             f"layer's weight (a soft cap or a logit scale?): the chunked log-probs of logprobs.py "
+                             f"would be wrong for it")
+    keep = mask.bool()
+    return hidden[:, :-1][keep], input_ids[:, 1:][keep], weight
+
+
+def _chunk_logits(hidden, weight, temperature):
+    """(rows, logits / temperature in fp32 [c, V]) for each chunk of LOGIT_CHUNK rows of hidden [n, H]."""
+    for start in range(0, len(hidden), LOGIT_CHUNK):
+        rows = slice(start, start + LOGIT_CHUNK)
+        yield rows, (hidden[rows] @ weight.T).float().div_(temperature)     # in place: one [c, V] block, not two
+
+
+class ChunkedLogprobs(torch.autograd.Function):
+    """log p(target) = z[target] - logsumexp(z), z = hidden @ weight.T / T, chunk by chunk; with
+    `entropy`, also (no grad) the entropy logsumexp(z) - Σ softmax(z) z of each distribution.
+    Saved for the backward: hidden, weight, targets and the logsumexp [n]. The backward recomputes
+    each chunk's z and uses d log p(target) / dz = onehot(target) - softmax(z)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, entropy):
+        logp = torch.empty(len(hidden), dtype=torch.float32, device=hidden.device)         # [n]
+        lse, ent = torch.empty_like(logp), torch.empty_like(logp) if entropy else logp.new_empty(0)
+        for rows, z in _chunk_logits(hidden, weight, temperature):                      # z [c, V]
+            lse[rows] = z.logsumexp(-1)
+            logp[rows] = z.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
+            if entropy:
+                ent[rows] = lse[rows] - torch.linalg.vecdot((z - lse[rows, None]).exp_(), z)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp, _):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight)
+        for rows, z in _chunk_logits(hidden, weight, ctx.temperature):
+            g = grad_logp[rows, None]                                                   # [c, 1]
+            dz = z.sub_(lse[rows, None]).exp_().mul_(-g)                                # -softmax(z) g, in place
+            dz.scatter_add_(-1, targets[rows, None], g).div_(ctx.temperature)          # + onehot(target) g
+            dz = dz.to(hidden.dtype)
+            grad_hidden[rows] = dz @ weight
+            grad_weight.addmm_(dz.T, hidden[rows])
+        return grad_hidden, grad_weight, None, None, None
+
+
+def token_logprobs(model, input_ids, mask, temperature, entropy=False):
+    """log π(token_{t+1} | tokens ≤ t) at the sampling temperature where `mask` [B, T-1] is 1 (0
+    elsewhere): logp [B, T-1]; with `entropy`, also (no grad) the entropy of that distribution
+    [B, T-1], else None. input_ids [B, T] right-padded (causal attention needs no mask then)."""
+    hidden, targets, weight = response_hidden(model, input_ids, mask)
+    logp, ent = ChunkedLogprobs.apply(hidden, weight, targets, temperature, entropy)
+    keep = mask.bool()
+    scatter = lambda v: torch.zeros(mask.shape, dtype=v.dtype, device=v.device).masked_scatter(keep, v)
+    return scatter(logp), scatter(ent) if entropy else None
+
+
+@torch.no_grad()
+def token_values(model, input_ids, mask, temperature, fn):
+    """fn(log-probs over the vocabulary [c, V]) -> [c] at each position `mask` [B, T-1] marks, chunk
+    by chunk: [B, T-1], 0 elsewhere (the answer-free rewards' per-token terms)."""
+    hidden, _, weight = response_hidden(model, input_ids, mask)
+    out = torch.empty(len(hidden), dtype=torch.float32, device=hidden.device)
+    for rows, z in _chunk_logits(hidden, weight, temperature):
+        out[rows] = fn(z.log_softmax(-1))
+    return torch.zeros(mask.shape, device=mask.device).masked_scatter(mask.bool(), out)

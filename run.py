@@ -1,0 +1,336 @@
+"""What a run needs beyond the algorithm: its folder, its log, its checkpoints and its stops.
+
+- **The folder** (--out) is the run's own. `take_folder` locks it before anything slow, for as
+  long as the process lives, and refuses a folder that holds an earlier run unless given
+  --overwrite (which removes its outputs) or --resume (which continues it).
+- **Outputs**: metrics.jsonl (a line per step; a line per evaluation), config.json (the resolved
+  configuration), checkpoints/step_S/ (every --save_every steps and at the last; see
+  checkpoint.py) and final/ (the trained model, loadable by transformers and vLLM).
+- **The log** (`MetricsLog`) writes metrics.jsonl on rank 0, and each record to wandb with --wandb.
+- **The collapse watch** (`CollapseWatch`) warns when the label-free diagnostics turn.
+- **Resume**: `restore` loads a checkpoint into the models and the question order. The run then
+  samples exactly what the uninterrupted run would have: every sampled request is seeded by the
+  run's seed, the step, the question and the view (rollout.py), and the checkpoint holds every
+  random state the loop draws from. What the run wrote after the checkpoint is moved aside.
+- **Stops**: SIGTERM or SIGINT (`StopSignals`) makes all ranks finish the step, write a checkpoint
+  and exit; so does the end of the launcher.
+"""
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from tqdm import tqdm
+
+import checkpoint
+from config import config_of
+
+
+RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints")
+RUN_LOCK = ".run.lock"           # rank 0 holds it exclusively for the whole run; it names the holder
+WORKERS_LOCK = ".workers.lock"   # every rank holds it shared while it lives
+
+
+def lock_out(out, rank):
+    """Take --out for this run, before anything slow, for as long as the process lives (the kernel
+    releases a flock when its process ends, however it ends, so a crashed run leaves no lock: its
+    lock file is stale and is taken over). Rank 0 takes RUN_LOCK exclusively, then checks that no
+    process still holds WORKERS_LOCK (a worker of an earlier run whose launcher is gone); every rank
+    then holds WORKERS_LOCK shared. A second run on the folder is refused, naming the holder.
+    Returns the open lock files, which must stay open."""
+    error, held = None, []
+    if rank == 0:
+        os.makedirs(out, exist_ok=True)
+        run_lock = open(os.path.join(out, RUN_LOCK), "a+")
+        workers = open(os.path.join(out, WORKERS_LOCK), "a+")
+        run_lock.seek(0)
+        holder = run_lock.read().strip() or "a process that did not say who it is"
+        try:
+            fcntl.flock(run_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(workers, fcntl.LOCK_EX | fcntl.LOCK_NB)    # no worker of another run is alive
+            fcntl.flock(workers, fcntl.LOCK_SH)                    # we hold RUN_LOCK: no run can slip in between
+            run_lock.seek(0)
+            run_lock.truncate()
+            run_lock.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                           f"{' '.join(sys.argv)}\n")
+            run_lock.flush()
+            held = [run_lock, workers]
+        except BlockingIOError:
+            error = (f"--out {out} is in use by another run ({holder}), or by a worker of it that is still running; "
+                     f"wait for it to end or stop it (its workers stop at their step's end once their launcher is "
+                     f"gone), or choose another --out. Nothing was run or deleted")
+    box = [error]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise FileExistsError(box[0])
+    if rank != 0:
+        workers = open(os.path.join(out, WORKERS_LOCK), "a+")
+        fcntl.flock(workers, fcntl.LOCK_SH)
+        held = [workers]
+    return held
+
+
+def claim_out(out, overwrite, rank):
+    """Refuse an --out that holds an earlier run's outputs, or with --overwrite remove them.
+    Rank 0 looks and every rank gets its answer, so that all ranks stop or go on together."""
+    found = [name for name in RUN_OUTPUTS if os.path.exists(os.path.join(out, name))] if rank == 0 else None
+    box = [found]
+    dist.broadcast_object_list(box, src=0)
+    found = box[0]
+    if found and not overwrite:
+        raise FileExistsError(f"--out {out} already holds a run ({', '.join(found)}); pass --resume to continue it, "
+                              f"--overwrite to replace it, or choose another --out")
+    if found and rank == 0:
+        for name in found:
+            path = os.path.join(out, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+
+
+class NoWandb:
+    """The stand-in for a wandb run when --wandb is not given, and on ranks other than 0."""
+    def log(self, record, step):
+        pass
+
+    def finish(self):
+        pass
+
+
+def start_wandb(project, run_id, config):
+    """The wandb run `run_id` of `project`, continued if it exists (a resumed run). wandb is imported
+    only here, when --wandb is given."""
+    try:
+        import wandb
+    except ImportError:
+        raise ImportError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
+    return wandb.init(project=project, id=run_id, resume="allow", config=config)
+
+
+class CollapseWatch:
+    """Warns (it does not stop the run) when the label-free diagnostics signal a collapse, averaged
+    over the last WINDOW steps: at least 0.8 of the groups are unanimous (the policy says one answer
+    to each question, right or wrong) or have zero reward variance (no learning signal); at least
+    0.8 of the responses have no answer or are cut at the length limit (degenerate text); or the
+    most common majority answer is that of at least 0.2 of the questions (one answer whatever the
+    question: the reward hack of a vote). The study (README) shows where healthy and collapsing
+    classroom runs sit against these limits. It warns when a rule starts to hold, and again only
+    after the rules have stopped holding (a resumed run starts watching afresh)."""
+    WINDOW = 10
+    THRESHOLDS = {"unanimous": 0.8, "zero_variance": 0.8, "no_answer": 0.8, "truncated": 0.8, "common_answer": 0.2}
+
+    def __init__(self):
+        self.history, self.firing = [], False
+
+    def update(self, record):
+        """The warning to print after this step's record, or None."""
+        self.history = (self.history + [record])[-self.WINDOW:]
+        if len(self.history) < self.WINDOW:
+            return None
+        means = {k: sum(r.get(k, 0.0) for r in self.history) / self.WINDOW for k in self.THRESHOLDS}
+        signs = [f"{k} {v:.2f}" for k, v in means.items() if v >= self.THRESHOLDS[k]]
+        was, self.firing = self.firing, bool(signs)
+        if signs and not was:
+            return (f"warning: step {record['step']}: the policy may be collapsing ({', '.join(signs)} over the last "
+                    f"{self.WINDOW} steps; limits {self.THRESHOLDS}): a label-free reward then rewards whatever its "
+                    f"groups agree on. Check eval_acc; consider stopping or a lower --lr")
+        return None
+
+
+class MetricsLog:
+    """Appends JSON lines on rank 0, and sends each record to wandb (`NoWandb` without --wandb); a
+    stand-in that does nothing on the other ranks. A new run starts the file afresh; a resumed one
+    keeps the records up to its checkpoint's step."""
+    def __init__(self, path, active, resume_step=None, wandb_run=None):
+        self.path, self.active = path, active
+        self.wandb = wandb_run or NoWandb()
+        if active and resume_step is None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
+        elif active:
+            self.truncate(resume_step)
+
+    def truncate(self, step):
+        """Drop the records after `step` (the steps a killed run logged after its checkpoint, and a
+        line it may have left half-written)."""
+        lines = open(self.path).read().splitlines(keepends=True)
+        kept = []                                           # (line, record)
+        for i, line in enumerate(lines):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:                     # the kill cut the last line short
+                    break
+                raise ValueError(f"{self.path} line {i + 1} is not JSON: {line[:80]!r}; repair or remove it") from None
+            if record["step"] > step:
+                break
+            kept.append((line, record))
+        logged = [record["step"] for _, record in kept if "reward" in record]
+        if logged != list(range(1, step + 1)):
+            raise ValueError(f"{self.path} does not hold one record for each step up to the checkpoint's {step} "
+                             f"(it has {logged[:3]}...{logged[-3:]}); resume needs the run's own metrics.jsonl")
+        with open(self.path + ".tmp", "w") as f:           # each line whole: one cut before its newline gets it
+            f.writelines(line if line.endswith("\n") else line + "\n" for line, _ in kept)
+        os.replace(self.path + ".tmp", self.path)
+
+    def write(self, record):
+        if self.active:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            self.wandb.log(record, step=record["step"])
+
+
+class StopSignals:
+    """SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C) ask the run to stop: every rank
+    finishes its step, and at the step's end the ranks agree (an all-reduce: one rank's signal
+    stops them all), write a checkpoint and exit cleanly. Repeated signals change nothing.
+
+    So does the end of the launcher: torchrun starts its workers in sessions of their own, so a
+    `kill -9` of torchrun (or of its process group) leaves them running, still writing into --out.
+    A worker started by torchrun (TORCHELASTIC_RUN_ID is set) remembers its parent; once its
+    parent is another process (the launcher died and it was re-parented), it stops as on SIGTERM."""
+    def __init__(self):
+        self.received = None
+        self.previous = {s: signal.signal(s, self._receive) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+
+    def _receive(self, signum, frame):
+        if self.received is None:
+            print(f"received {signal.Signals(signum).name}: finishing this step, then writing a checkpoint",
+                  flush=True)
+        self.received = signum
+
+    def agreed(self, device):
+        if self.launcher is not None and os.getppid() != self.launcher and self.received is None:
+            print(f"the launcher (pid {self.launcher}) is gone: finishing this step, then writing a checkpoint",
+                  flush=True)
+            self.received = "launcher gone"
+        flag = torch.tensor([float(self.received is not None)], device=device)
+        dist.all_reduce(flag)
+        return flag.item() > 0
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def load_checkpoint(path, policy, optimizer, teacher):
+    """checkpoint.load, or a stop that names the checkpoint that failed and the one before it."""
+    try:
+        return checkpoint.load(path, policy, optimizer, teacher)
+    except checkpoint.LOAD_ERRORS as e:          # any failure to read it; re-raised with what to do
+        step = int(checkpoint.STEP_DIR.fullmatch(os.path.basename(os.path.normpath(path))).group(1))
+        earlier = [p for s, p in checkpoint.complete(os.path.dirname(os.path.dirname(path))) if s < step]
+        instead = f"the previous one is {earlier[-1]}: resume from it with --resume {earlier[-1]}" if earlier else \
+            "there is no earlier checkpoint: start the run afresh"
+        raise RuntimeError(f"--resume: the checkpoint {path} cannot be loaded ({type(e).__name__}: {e}); {instead}, "
+                           f"or move {path} away") from e
+
+
+def check_fingerprints(path, now):
+    """Refuse to resume checkpoint `path` on other training questions or another start model."""
+    saved = checkpoint.read_trainer_state(path).get("fingerprints")
+    if saved is None:
+        print(f"resume: {path} was written before checkpoints held fingerprints: the training questions and the "
+              f"start model are not checked")
+        return
+    changes = checkpoint.fingerprint_changes(saved, now)
+    if changes:
+        raise ValueError(f"--resume {path}: the run's inputs changed since the checkpoint: " + "; ".join(changes)
+                         + ". Resume with the data and model it was trained on, or start a new run; nothing was run")
+
+
+def prepare_resume(out, step, steps):
+    """Rank 0, on resume: what the run wrote after the checkpoint belongs to a future that will be
+    rewritten: checkpoints of later steps, and a final/ model from before. They are moved, not
+    deleted, into OUT/superseded/TIME/, and the run says so."""
+    later = [path for s, path in checkpoint.complete(out) if s > step]
+    final = os.path.join(out, "final")
+    later += [final] if os.path.exists(final) and step < steps else []
+    if not later:
+        return
+    aside = os.path.join(out, "superseded", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(aside, exist_ok=True)
+    for path in later:
+        shutil.move(path, os.path.join(aside, os.path.basename(path)))
+    print(f"resume from step {step}: moved {', '.join(os.path.basename(p) for p in later)}, written after it, "
+          f"into {aside}; delete that folder once it is not wanted")
+
+
+def take_folder(out, rank, resume, overwrite):
+    """Lock --out for this run (`lock_out`) and, unless it resumes, claim it (`claim_out`). Returns
+    the open lock files, which must stay open for as long as the run."""
+    locks = lock_out(out, rank)
+    if resume is None:
+        claim_out(out, overwrite, rank)
+    return locks
+
+
+def write_config(args, rank):
+    """Print the run's configuration and write it to config.json (rank 0)."""
+    if rank == 0:
+        print(json.dumps(config_of(args), indent=1))
+        with open(os.path.join(args.out, "config.json"), "w") as f:
+            json.dump(config_of(args), f, indent=1)
+
+
+def restore(path, models, questions, args, rank):
+    """Continue from the checkpoint `path`: its weights, optimizer and schedule go into `models`, its
+    question order into `questions`, the engine gets the resumed policy, and rank 0 moves aside what
+    the run wrote after it. Returns (the step it was written at, its wandb run id)."""
+    state = load_checkpoint(path, models.policy, models.optimizer, models.teacher)
+    models.scheduler.load_state_dict(state["scheduler"])
+    questions.load_state(state)
+    models.sync_engine()                                  # the engine samples from the resumed policy
+    if rank == 0:
+        prepare_resume(args.out, state["step"], args.steps)
+        print(f"resumed from {path} (step {state['step']} of {args.steps})")
+    return state["step"], state.get("wandb_id")
+
+
+def save_checkpoint(args, step, models, questions, wandb_id, fingerprints, tokenizer, rank):
+    """checkpoint.save of everything the loop needs to go on exactly: weights, optimizer, schedule, the
+    question order and its random state, and what a resume checks (the fingerprints)."""
+    trainer_state = {"scheduler": models.scheduler.state_dict(), **questions.state(), "wandb_id": wandb_id,
+                     "fingerprints": fingerprints}
+    t0 = time.perf_counter()
+    path = checkpoint.save(args.out, step, models.policy, models.optimizer, models.teacher, trainer_state,
+                           config_of(args), tokenizer, args.keep_last)
+    if rank == 0:
+        tqdm.write(f"saved {path} ({time.perf_counter() - t0:.1f} s)")
+
+
+def save_final(policy, model_dir, tokenizer, out, rank):
+    """The trained policy as a Hugging Face model in OUT/final: the full fp32 weights, gathered into
+    rank 0's CPU memory only, written as final.partial/ and then renamed, so that a crash never leaves
+    a final/ that is not whole."""
+    from transformers import AutoModelForCausalLM
+    weights = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        final = os.path.join(out, "final")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model.load_state_dict(weights)
+        shutil.rmtree(final + ".partial", ignore_errors=True)
+        model.save_pretrained(final + ".partial")
+        tokenizer.save_pretrained(final + ".partial")
+        checkpoint.fsync_files(final + ".partial")
+        checkpoint.publish(final + ".partial", final)
+        print(f"saved {final}")
+
+
+def check_sampler_gap(step, record, limit):
+    """Stop when the engine's log-probs of its own samples differ from the trainer's: its weights are not
+    the policy's."""
+    if not record["sampler_gap"] <= limit:
+        raise RuntimeError(f"step {step}: the rollout engine's log-probs differ from the trainer's by "
+                           f"{record['sampler_gap']:.3f} per token (> --max_sampler_gap {limit}): the engine is "
+                           f"not running the trainer's weights. Check the weight sync (names and dtypes the engine "
+                           f"expects), or raise the limit for low-precision engines.")

@@ -1,0 +1,91 @@
+"""The settings: presets, methods as argument values, the generated help, and the checks that
+refuse what cannot work before any compute."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import config
+from conftest import ROOT
+
+METHODS = ["gt", "majority", "coreward1", "coreward2", "coreward3", "coreward3_both", "self_certainty", "entropy"]
+
+
+@pytest.mark.parametrize("flags, world_size, message", [
+    (["--group_size", "1"], 1, "--group_size 1 must be at least 2"),
+    (["--steps", "0"], 1, "--steps 0 must be at least 1"),
+    (["--steps", "-3"], 1, "--steps -3 must be at least 1"),
+    (["--eval_every", "0"], 1, "--eval_every 0 must be at least 1"),
+    (["--pairs_per_step", "9"], 2, "--questions_per_step 9 must be divisible by the 2 ranks"),
+    (["--questions_per_step", "8", "--group_size", "4", "--mini_batches", "3"], 2,
+     "--mini_batches 3 must divide the 32 sequences each rank trains on per step"),
+    (["--mini_batches", "0"], 1, "--mini_batches 0 must be at least 1"),
+    (["--micro_batch_size", "0"], 1, "--micro_batch_size 0 must be at least 1"),
+    (["--questions_per_step", "0"], 1, "--questions_per_step 0 must be at least 1"),
+    (["--views", "original"], 1, "--method coreward1 labels each question's responses with its rephrasing's vote: it "
+                                 "needs --views both, not --views original"),
+    (["--teacher_prompts", "rephrased"], 1, "--teacher_prompts rephrased has the EMA teacher answer the rephrasings "
+                                            "of the original questions the policy trains on: it needs a teacher "
+                                            "method"),
+    (["--eval_k", "0"], 1, "--eval_k 0 must be at least 1"),
+    (["--max_response_len", "0"], 1, "--max_response_len 0 must be at least 1"),
+    (["--max_prompt_len", "0"], 1, "--max_prompt_len 0 must be at least 1"),
+    (["--temperature", "0"], 1, "--temperature 0.0 must be positive"),
+    (["--gpu_memory_utilization", "1.5"], 1, "--gpu_memory_utilization 1.5 must be between 0 and 1"),
+    (["--max_tokens_per_micro_batch", "100"], 1, "--max_tokens_per_micro_batch 100 must hold one sequence of the "
+                                                 "longest length, 112 tokens"),
+    (["--max_tokens_per_micro_batch", "-1"], 1, "--max_tokens_per_micro_batch -1 must be 0 or more"),
+    (["--model", "m", "--epochs", "0"], 1, "--epochs 0.0 must be positive"),
+])
+def test_settings_that_cannot_work_are_refused(flags, world_size, message):
+    args = config.parse_args(["--method", "coreward1", *flags])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config.check_settings(args, world_size)
+
+
+def test_settings_that_work_pass():
+    config.check_settings(config.parse_args(["--method", "coreward1"]), 1)
+    config.check_settings(config.parse_args(["--method", "coreward1", "--pairs_per_step", "8", "--group_size", "4",
+                                           "--mini_batches", "4"]), 2)
+    config.check_settings(config.parse_args(["--method", "coreward1", "--model", "m"]), 8)     # the official preset
+
+
+def test_unknown_method_is_refused():
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--method", "ttrl"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "invalid choice: 'ttrl'" in res.stderr
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_official_preset_takes_one_update_per_step(method):
+    """The official scripts set ppo_mini_batch_size = train_batch_size = 128: one optimizer update
+    per step, for every method; --mini_batches still sets more."""
+    assert config.parse_args(["--method", method, "--model", "m"]).mini_batches == 1
+    assert config.parse_args(["--method", method, "--model", "m", "--mini_batches", "2"]).mini_batches == 2
+
+
+def test_help_shows_each_flags_value_in_each_preset_and_method():
+    """`train.py --help` prints, for every flag a preset or DEFAULTS sets, its classroom and official
+    values, and the methods that set their own; none is written into a help string by hand."""
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "COLUMNS": "1000"})
+    assert res.returncode == 0, res.stderr
+    lines, flag = {}, None                    # each flag's help, its continuation lines joined
+    for line in res.stdout.split("options:")[1].splitlines():
+        if line.strip().startswith("-"):
+            flag = line.split()[0].rstrip(",")
+            lines[flag] = ""
+        lines[flag] = lines.get(flag, "") + " " + line.strip()
+    assert "[classroom: 0.0001; official: 3e-06]" in lines["--lr"]
+    assert "[classroom: 0.005; official: 0.005; coreward2: 0.001; coreward3: 0.001; coreward3_both: 0.001]" \
+        in lines["--kl_coef"]
+    assert "[classroom: 60; official: none]" in lines["--steps"]
+    assert "[classroom: original; official: original; coreward1: both; coreward3_both: both]" in lines["--views"]
+    for name in {*config.DEFAULTS, *config.PRESETS["classroom"], *config.PRESETS["official"]}:
+        values = {**config.DEFAULTS, **config.PRESETS["classroom"]}, {**config.DEFAULTS, **config.PRESETS["official"]}
+        shown = [("none" if v.get(name) is None else str(v[name])) for v in values]
+        assert f"[classroom: {shown[0]}; official: {shown[1]}" in lines[f"--{name}"], name
+    for name, _, help in config.FLAGS:
+        assert set(re.findall(r"\b\d[\d.e-]*", help)) <= {"0"}, f"--{name}'s help states a number: {help}"
