@@ -127,7 +127,7 @@ FLAGS = [
                                        "(wandb is not a requirement: pip install wandb; WANDB_MODE=offline works); a "
                                        "resumed run continues its run"),
     ("ema_start", dict(type=float), "the teacher's EMA decay at the first step"),
-    ("ema_end", dict(type=float), "... and at the last (the official code's differs: README, departures)"),
+    ("ema_end", dict(type=float), "... and at the last (the official code's differs: RUNNING.md, departures)"),
     ("max_sampler_gap", dict(type=float), "stop when the sampler's and the trainer's log-probs differ by more than "
                                           "this (mean per token)"),
 ]

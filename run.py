@@ -121,7 +121,7 @@ class CollapseWatch:
     to each question, right or wrong) or have zero reward variance (no learning signal); at least
     0.8 of the responses have no answer or are cut at the length limit (degenerate text); or the
     most common majority answer is that of at least 0.2 of the questions (one answer whatever the
-    question: the reward hack of a vote). The study (README) shows where healthy and collapsing
+    question: the reward hack of a vote). The study (study/README.md) shows where healthy and collapsing
     classroom runs sit against these limits. It warns when a rule starts to hold, and again only
     after the rules have stopped holding (a resumed run starts watching afresh)."""
     WINDOW = 10

@@ -1,7 +1,7 @@
 """The stability study: every method over several seeds, their figures, and a table.
 
-    python study.py --steps 300 --seeds 3 --out study/default            # hours on 2 cores
-    python study.py --steps 300 --seeds 3 --out study/lr1e-3 -- --lr 1e-3  # flags after -- go to train.py
+    python study.py --out study/default                     # every method, 3 seeds, 100 steps: hours on 2 cores
+    python study.py --out study/lr5e-4 -- --lr 5e-4         # flags after -- go to train.py
 
 Each (method, seed) is one `train.py` run in OUT/runs/METHOD_sSEED, one after another. The study
 can be stopped and started again at will, as the run checkpoints let it go on where it stopped:
@@ -90,9 +90,9 @@ def table(runs):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the study's folder (runs/, figures, table.md)")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated (default: all seven)")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated (default: all of them)")
     ap.add_argument("--plot-only", action="store_true",
                     help="draw and tabulate what the runs have logged; run nothing")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags for every train.py run")

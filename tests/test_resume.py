@@ -43,7 +43,7 @@ def _free_port():
 
 def start(out, ranks, *flags, env=None):
     """A train.py run in a new session; its output goes to OUT.log. Several ranks meet through a
-    c10d rendezvous endpoint, as the nodes of a multi-node run do (README)."""
+    c10d rendezvous endpoint, as the nodes of a multi-node run do (RUNNING.md)."""
     launcher = [sys.executable] if ranks == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={ranks}",
          "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{_free_port()}"]
