@@ -76,7 +76,7 @@ def model_fingerprint(model_dir):
     """{file: sha256} of a model folder's files (weights, configuration, tokenizer), so that a resume
     can tell whether --model still holds the start model. A file over FULL_HASH_BYTES is hashed by
     its size and SAMPLED_BLOCKS evenly spaced blocks of 1 MiB: training changes every weight, so any
-    other weights change those blocks, and an 8 GB model is read in under a second."""
+    other weights change those blocks, and the fingerprint reads a fixed amount of any model."""
     prints = {}
     for name in sorted(os.listdir(model_dir)):
         path = os.path.join(model_dir, name)
