@@ -215,6 +215,12 @@ def build_models(args, model_dir, device, pad_id):
     return Models(policy, ref, ref if teacher_method else None, optimizer, scheduler, engine, pad_id)
 
 
+def step_config(args):
+    """The settings of grpo.train_step, from the run's."""
+    return StepConfig(args.temperature, args.clip_eps, args.kl_coef, args.mini_batches, args.micro_batch_size,
+                      args.max_tokens_per_micro_batch or None, args.max_grad_norm, args.defer_grad_sync)
+
+
 def cosine_with_warmup(total_steps, warmup_ratio):
     """The learning-rate factor of training step `step` (0-based): a linear warm-up over the first
     max(1, int(total_steps * warmup_ratio)) steps (1/warmup, 2/warmup, ..., 1), then a cosine from 1
@@ -268,8 +274,7 @@ def main(argv=None):
     # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the whole world
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, os.cpu_count() // local_ranks))))
-    step_cfg = StepConfig(args.temperature, args.clip_eps, args.kl_coef, args.mini_batches, args.micro_batch_size,
-                          args.max_tokens_per_micro_batch or None, args.max_grad_norm, args.defer_grad_sync)
+    step_cfg = step_config(args)
     # The loop's random state: the question order, and the global torch RNG behind the mini-batch order
     # (seeded after the engine starts, as vLLM seeds the global RNG with its own seed).
     torch.manual_seed(args.seed)

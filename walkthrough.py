@@ -34,7 +34,7 @@ import data
 import train
 import world
 from answers import extract_answer, is_equiv, majority_vote
-from grpo import StepConfig, grpo_loss, group_advantages, loss_normalizers, make_batch, score, train_step
+from grpo import grpo_loss, group_advantages, loss_normalizers, make_batch, score, train_step
 from rewards import labels_for, rewards_for, twin
 from rollout import request_seed
 from sharding import full_weights, init_distributed, load_sharded
@@ -130,8 +130,7 @@ def walk():
     pairs = train.training_questions(args, encode, rank)
     models = train.build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())))
-    step_cfg = StepConfig(args.temperature, args.clip_eps, args.kl_coef, args.mini_batches, args.micro_batch_size,
-                          args.max_tokens_per_micro_batch or None, args.max_grad_norm, args.defer_grad_sync)
+    step_cfg = train.step_config(args)
     torch.manual_seed(args.seed)                                  # after the engine has started, as train.main
     P, G, views = args.questions_per_step, args.group_size, (0, 1)
     warmup = max(1, int(args.steps * args.warmup_ratio))
