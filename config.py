@@ -48,11 +48,14 @@ METHOD_DEFAULTS = {
 }
 # The defaults of flags that neither the preset nor the method sets.
 DEFAULTS = dict(views="original", teacher_prompts="same", seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999,
-                max_sampler_gap=0.1, keep_last=2, gpu_memory_utilization=0.3, defer_grad_sync=False)
+                max_sampler_gap=0.1, keep_last=2, gpu_memory_utilization=0.3, defer_grad_sync=False,
+                compile_layers=False)
 VIEWS = ("original", "both")
 TEACHER_PROMPTS = ("same", "rephrased")
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "wandb")
+# Flags added after runs that may be resumed were checkpointed: the value those runs had.
+ADDED_SINCE = dict(compile_layers=False)
 # Flags that say how to start this process, not what the run is: not part of its configuration.
 NOT_CONFIG = ("resume", "overwrite")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
@@ -115,6 +118,9 @@ FLAGS = [
                                                  "cache"),
     ("activation_checkpointing", dict(action=argparse.BooleanOptionalAction),
      "recompute each decoder layer in the backward instead of keeping its activations"),
+    ("compile_layers", dict(action=argparse.BooleanOptionalAction),
+     "torch.compile each decoder layer of the trained and the reference model: faster updates after a compilation "
+     "at the first (bench/README.md, where it pays)"),
     ("max_tokens_per_micro_batch", dict(type=int),
      "group each forward/backward pass by padded tokens instead of --micro_batch_size rows: rows of similar length "
      "together, each pass padded to its own longest row (0: by count)"),
@@ -197,7 +203,7 @@ def resume_settings(args, given):
                 refuse(f"--resume {args.resume} is not in a run's checkpoints/ folder (a copy?): say which run folder "
                        f"it continues with --out, so that nothing beside the copy is taken for the run's")
             out = args.out
-    settings = checkpoint.read_config(path)
+    settings = {**ADDED_SINCE, **checkpoint.read_config(path)}
     for name in sorted(given - {"resume", "out", "overwrite"}):
         now, then = getattr(args, name), settings.get(name)
         if now == then:

@@ -37,14 +37,18 @@ def init_distributed():
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def shard(model, param_dtype=None, activation_checkpointing=False):
+def shard(model, param_dtype=None, activation_checkpointing=False, compile_layers=False):
     """FSDP2: each decoder layer is its own unit, then the root (embeddings, norm, head).
     `param_dtype` (e.g. torch.bfloat16) turns on mixed precision with fp32 gradient reduction.
     `activation_checkpointing` keeps only each decoder layer's input for the backward and
     recomputes the layer's insides there: activation memory falls from every intermediate of
-    every layer to one hidden state per layer, for about one more forward pass of compute."""
+    every layer to one hidden state per layer, for about one more forward pass of compute.
+    `compile_layers` compiles each decoder layer (torch.compile) on its first call: its elementwise
+    operations fuse, at the price of a compilation at the start (bench/README.md says where it pays)."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in model.model.layers:
+        if compile_layers:
+            layer.compile()
         if activation_checkpointing:
             checkpoint(layer)                   # composable: the layer keeps its parameter names
         fully_shard(layer, mp_policy=policy)
@@ -52,7 +56,8 @@ def shard(model, param_dtype=None, activation_checkpointing=False):
     return model
 
 
-def load_sharded(model_dir, device, dtype=torch.float32, compute_dtype=torch.float32, activation_checkpointing=False):
+def load_sharded(model_dir, device, dtype=torch.float32, compute_dtype=torch.float32, activation_checkpointing=False,
+                 compile_layers=False):
     """The Hugging Face model in `model_dir`, sharded (`shard`), its parameters kept in `dtype` and
     computed in `compute_dtype`, without any rank holding the whole model on `device`: it is built
     on the meta device (no memory), sharded, given empty shards on `device`, and filled from rank 0,
@@ -63,7 +68,7 @@ def load_sharded(model_dir, device, dtype=torch.float32, compute_dtype=torch.flo
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
-    shard(model, None if compute_dtype == dtype else compute_dtype, activation_checkpointing)
+    shard(model, None if compute_dtype == dtype else compute_dtype, activation_checkpointing, compile_layers)
     model.to_empty(device=device)
     full = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype) if dist.get_rank() == 0 else None
     set_model_state_dict(model, full.state_dict() if full else {},

@@ -205,9 +205,10 @@ def build_models(args, model_dir, device, pad_id):
     AdamW and computes in --dtype. The KL anchor is the frozen start model, kept in --dtype as it only
     runs forwards, or for the teacher methods the EMA teacher (which also samples), fp32 for its averaging."""
     dtype = getattr(torch, args.dtype)
-    policy = load_sharded(model_dir, device, torch.float32, dtype, args.activation_checkpointing)
+    policy = load_sharded(model_dir, device, torch.float32, dtype, args.activation_checkpointing, args.compile_layers)
     teacher_method = args.method in TEACHER_METHODS
-    ref = load_sharded(model_dir, device, torch.float32 if teacher_method else dtype, dtype).requires_grad_(False)
+    ref = load_sharded(model_dir, device, torch.float32 if teacher_method else dtype, dtype,
+                       compile_layers=args.compile_layers).requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(args.steps, args.warmup_ratio))
     engine = make_engine(args.backend, model_dir, args.max_prompt_len, args.max_response_len, dtype=args.dtype,

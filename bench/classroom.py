@@ -2,6 +2,8 @@
 batch, and the FLOP/s it reaches against a large fp32 matmul, timed in the same run.
 
     python bench/classroom.py              # about 3 minutes on 2 cores, on an otherwise idle machine
+    python bench/classroom.py --profile    # the top operators of one update of the classroom preset
+    python bench/classroom.py --profile --compile_layers      # the same, with train.py --compile_layers
 
 The batch is the default run's shape: 256 responses (16 pairs x 2 views x G=8) to classroom
 prompts, each response 1-48 tokens (lengths drawn like a run's: most stop early), one update,
@@ -16,6 +18,10 @@ the reference forward included, fp32 unless said. Each lever changes one thing a
   AVX-512-BF16, with the largest log-prob difference to fp32;
 - torch.compile: each decoder layer compiled; the first update (compilation) is reported apart,
   with the updates it takes to pay back.
+
+--profile runs torch.profiler over one update of the classroom preset's path (token-budget passes
+of 4,096 tokens, fp32) after two warm-up updates, and prints the operators with the most self CPU
+time: what an update spends its time on.
 
 FLOPs of an update = 2 N_body B T (the reference forward) + 6 N_body B T (the policy's forward and
 backward) + 8 N_head R (the output layer, at the R response positions only), B x T the positions
@@ -70,8 +76,8 @@ def classroom_batch(seed=0):
                  torch.zeros(len(rows), dtype=torch.long))
 
 
-def measure(batch, repeats, dtype=torch.float32, budget=None, compile_layers=False):
-    """(seconds of the first update, median seconds of the next `repeats`, log-probs of the batch)."""
+def build(dtype=torch.float32, compile_layers=False):
+    """The policy, the reference and the optimizer, as train.py builds them on one rank."""
     from transformers import AutoModelForCausalLM
     import world
     load = lambda: AutoModelForCausalLM.from_pretrained(world.base_model_dir(), dtype=torch.float32)
@@ -81,7 +87,12 @@ def measure(batch, repeats, dtype=torch.float32, budget=None, compile_layers=Fal
             layer.compile()
     policy = shard(policy, param_dtype=None if dtype == torch.float32 else dtype)
     ref = shard(load().requires_grad_(False), param_dtype=None if dtype == torch.float32 else dtype)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    return policy, ref, torch.optim.AdamW(policy.parameters(), lr=1e-6)
+
+
+def measure(batch, repeats, dtype=torch.float32, budget=None, compile_layers=False):
+    """(seconds of the first update, median seconds of the next `repeats`, log-probs of the batch)."""
+    policy, ref, optimizer = build(dtype, compile_layers)
     cfg = StepConfig(micro_batch_size=256, max_tokens_per_micro_batch=budget, max_grad_norm=1e9)
     logp = grpo.score(policy, batch, cfg)
     seconds = []
@@ -92,12 +103,39 @@ def measure(batch, repeats, dtype=torch.float32, budget=None, compile_layers=Fal
     return seconds[0], statistics.median(seconds[1:]), logp
 
 
+def profile(batch, compile_layers=False, top=15):
+    """A table of the `top` operators by self CPU time in one update of the classroom preset's path."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    policy, ref, optimizer = build(compile_layers=compile_layers)
+    cfg = StepConfig(micro_batch_size=256, max_tokens_per_micro_batch=4096, max_grad_norm=1e9)
+    update = lambda: train_step(policy, ref, optimizer, batch, cfg, 1, order=torch.arange(len(batch)))
+    for _ in range(2):
+        update()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        update()
+        seconds = time.perf_counter() - t0
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"one update, {seconds:.2f} s under the profiler ({total / 1e6:.2f} s of self CPU time over "
+          f"{len(events)} operators); the top {top}:")
+    print("| operator | calls | self CPU s | share |")
+    print("|---|---|---|---|")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+        share = 100 * e.self_cpu_time_total / total
+        print(f"| `{e.key}` | {e.count} | {e.self_cpu_time_total / 1e6:.3f} | {share:.1f}% |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="the top operators of one update, and nothing else")
+    ap.add_argument("--compile_layers", action="store_true", help="with --profile: the decoder layers compiled")
     args = ap.parse_args()
     init_distributed()
     torch.set_num_threads(os.cpu_count())
+    if args.profile:
+        return profile(classroom_batch(), args.compile_layers)
     from transformers import AutoConfig
     import world
     config = AutoConfig.from_pretrained(world.base_model_dir())

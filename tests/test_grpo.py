@@ -141,9 +141,9 @@ def test_gradient_equals_reinforce_at_ratio_one():
 
 
 def _train_once(micro_batch_size, mini_batches=1, world_size=1, activation_checkpointing=False, max_tokens=None,
-                defer_grad_sync=False):
-    model = shard(_tiny_model(), activation_checkpointing=activation_checkpointing)
-    ref = shard(_tiny_model().requires_grad_(False))
+                defer_grad_sync=False, compile_layers=False):
+    model = shard(_tiny_model(), activation_checkpointing=activation_checkpointing, compile_layers=compile_layers)
+    ref = shard(_tiny_model().requires_grad_(False), compile_layers=compile_layers)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=mini_batches,
                      micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=max_tokens, max_grad_norm=1e9,
@@ -167,6 +167,18 @@ def test_micro_batches_match_whole_batch(dist_world, mini_batches, split):
         assert torch.allclose(whole[name], micro[name], atol=1e-6), name
         moved += (whole[name] - start[name]).abs().sum().item()
     assert moved > 1e-3          # the update did something
+
+
+def test_compiled_layers_make_the_same_update(dist_world):
+    """torch.compile of each decoder layer (--compile_layers) runs compiled graphs and moves the
+    weights as the plain layers do (two mini-batches, micro-batches of 2)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    plain = _train_once(micro_batch_size=2, mini_batches=2)
+    compiled = _train_once(micro_batch_size=2, mini_batches=2, compile_layers=True)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0       # compiled code ran
+    for name in plain:
+        assert torch.allclose(plain[name], compiled[name], atol=1e-5), name
 
 
 def _saved_bytes(model, batch):

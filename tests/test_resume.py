@@ -285,6 +285,16 @@ def test_flags_that_may_change_are_taken_and_printed(saved_run, capsys):
     assert "resume: --eval_every changes from 20 to 5" in capsys.readouterr().out
 
 
+def test_a_checkpoint_from_before_a_flag_resumes_with_the_value_its_run_had(saved_run):
+    out, saved = saved_run
+    older = {k: v for k, v in saved.items() if k not in config.ADDED_SINCE}
+    (out / "checkpoints" / "step_2" / "config.json").write_text(json.dumps(older))
+    args, _ = _resume(["--resume", "--out", str(out)])
+    assert args.compile_layers is False and args.lr == saved["lr"]
+    with pytest.raises(ValueError, match="^--compile_layers True differs from the checkpoint's False"):
+        _resume(["--resume", "--out", str(out), "--compile_layers"])
+
+
 def test_resume_finds_its_run_from_the_method_or_the_path(saved_run, monkeypatch):
     out, _ = saved_run
     path = str(out / "checkpoints" / "step_2")
