@@ -2,6 +2,7 @@
 
     python study.py --out study/default                     # every method, 3 seeds, 100 steps: hours on 2 cores
     python study.py --out study/lr5e-4 -- --lr 5e-4         # flags after -- go to train.py
+    python study.py --steps 300 --methods gt,majority,coreward1,coreward2 --out study/long
 
 Each (method, seed) is one `train.py` run in OUT/runs/METHOD_sSEED, one after another. The study
 can be stopped and started again at will, as the run checkpoints let it go on where it stopped:
