@@ -269,7 +269,8 @@ def run_trl(shape, model_dir, steps, tmp, limit_gib, micro_batch, checkpointing)
                  f"bench/.venv-trl/bin/pip install -r bench/requirements-trl.txt")
     out = os.path.join(tmp, "trl")
     cmd = [TRL_PYTHON, os.path.abspath(__file__), "--trl_worker", out, "--shape", shape, "--model_dir", model_dir,
-           "--steps", str(steps), "--trl_micro_batch", str(micro_batch)] + ["--trl_checkpointing"] * checkpointing
+           "--steps", str(steps), "--trl_micro_batch", str(micro_batch),
+           "--response_len", str(SHAPES[shape]["max_response_len"])] + ["--trl_checkpointing"] * checkpointing
     output, watch = run_watched(cmd, limit_gib, "the TRL run")
     if watch.exceeded:
         return {"exceeded": watch.exceeded, "error": output[-1500:]}
