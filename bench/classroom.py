@@ -3,7 +3,7 @@ batch, and the FLOP/s it reaches against a large fp32 matmul, timed in the same 
 
     python bench/classroom.py              # about 3 minutes on 2 cores, on an otherwise idle machine
     python bench/classroom.py --profile    # the top operators of one update of the classroom preset
-    python bench/classroom.py --profile --compile_layers      # the same, with train.py --compile_layers
+    python bench/classroom.py --profile --compile_layers      # the same, the policy's layers compiled
 
 The batch is the default run's shape: 256 responses (16 pairs x 2 views x G=8) to classroom
 prompts, each response 1-48 tokens (lengths drawn like a run's: most stop early), one update,
@@ -77,16 +77,15 @@ def classroom_batch(seed=0):
 
 
 def build(dtype=torch.float32, compile_layers=False):
-    """The policy, the reference and the optimizer, as train.py builds them on one rank."""
+    """The policy, the reference and the optimizer, as train.py builds them on one rank;
+    `compile_layers` compiles the policy's decoder layers only (train.py's flag also compiles the
+    reference's)."""
     from transformers import AutoModelForCausalLM
     import world
     load = lambda: AutoModelForCausalLM.from_pretrained(world.base_model_dir(), dtype=torch.float32)
-    policy = load()
-    if compile_layers:
-        for layer in policy.model.layers:
-            layer.compile()
-    policy = shard(policy, param_dtype=None if dtype == torch.float32 else dtype)
-    ref = shard(load().requires_grad_(False), param_dtype=None if dtype == torch.float32 else dtype)
+    compute = None if dtype == torch.float32 else dtype
+    policy = shard(load(), param_dtype=compute, compile_layers=compile_layers)
+    ref = shard(load().requires_grad_(False), param_dtype=compute)
     return policy, ref, torch.optim.AdamW(policy.parameters(), lr=1e-6)
 
 
@@ -130,7 +129,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="the top operators of one update, and nothing else")
-    ap.add_argument("--compile_layers", action="store_true", help="with --profile: the decoder layers compiled")
+    ap.add_argument("--compile_layers", action="store_true", help="with --profile: the policy's decoder layers compiled")
     args = ap.parse_args()
     init_distributed()
     torch.set_num_threads(os.cpu_count())
