@@ -32,9 +32,9 @@ PRESETS = {
         max_prompt_len=512, max_response_len=3072, micro_batch_size=2,
         mini_batches=1,                 # one update per step: ppo_mini_batch_size = train_batch_size = 128
         max_tokens_per_micro_batch=16384,                      # the memory account of bench/scale.py
-        # the official scripts' validation: greedy (eval_greedy) on the 5,000 MATH test questions every 10 steps;
-        # eval_acc adds one sample per question at the paper's evaluation temperature
-        eval_data="math5000", eval_every=10, eval_k=1, eval_limit=None, eval_temperature=0.8, dtype="bfloat16",
+        # the official scripts' validation: greedy only (eval_greedy) on the 5,000 MATH test questions every 10
+        # steps; --eval_k K adds K samples per question at --eval_temperature (avg@K, maj@K)
+        eval_data="math5000", eval_every=10, eval_k=0, eval_limit=None, eval_temperature=0.8, dtype="bfloat16",
         cpu_kv_cache_gib=2.0, save_every=10,           # as Co-rewarding-I's script (Co-rewarding-II's: 30)
         activation_checkpointing=True),
 }
@@ -48,14 +48,14 @@ METHOD_DEFAULTS = {
 }
 # The defaults of flags that neither the preset nor the method sets.
 DEFAULTS = dict(views="original", teacher_prompts="same", seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999,
-                max_sampler_gap=0.1, keep_last=2, gpu_memory_utilization=0.3, defer_grad_sync=False,
+                max_sampler_gap=0.1, sampler_gap_factor=5.0, keep_last=2, gpu_memory_utilization=0.3, defer_grad_sync=False,
                 compile_layers=False)
 VIEWS = ("original", "both")
 TEACHER_PROMPTS = ("same", "rephrased")
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
-MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "wandb")
+MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb")
 # Flags added after runs that may be resumed were checkpointed: the value those runs had.
-ADDED_SINCE = dict(compile_layers=False)
+ADDED_SINCE = dict(compile_layers=False, sampler_gap_factor=5.0)
 # Flags that say how to start this process, not what the run is: not part of its configuration.
 NOT_CONFIG = ("resume", "overwrite")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
@@ -75,7 +75,7 @@ def values_of(name):
 # Every flag: (name, argparse options, help). values_of adds to each help the flag's values.
 FLAGS = [
     ("method", dict(choices=METHODS), "required, unless given by --resume's checkpoint"),
-    ("model", {}, "a Hugging Face model folder (default: the classroom base model)"),
+    ("model", {}, "a Hugging Face model folder or id, such as Qwen/Qwen3-4B-Base (default: the classroom base model)"),
     ("preset", dict(choices=list(PRESETS)), "default: classroom without --model, else official"),
     ("data", {}, "'classroom', openrs, math, dapo, amc_ttt, a parquet of pairs, or a hub dataset id; with --views "
                  "original also a question set (.parquet/.json/.jsonl with question and answer columns) or a "
@@ -109,7 +109,7 @@ FLAGS = [
     ("mini_batches", dict(type=int), "optimizer updates per step"),
     ("micro_batch_size", dict(type=int), "sequences per forward/backward pass, when grouped by count"),
     ("eval_every", dict(type=int), "evaluate every K steps (and before the first and after the last)"),
-    ("eval_k", dict(type=int), "samples per evaluation question"),
+    ("eval_k", dict(type=int), "samples per evaluation question, beside the greedy response (0: greedy only)"),
     ("eval_limit", dict(type=int), "evaluation questions (none: all)"),
     ("eval_temperature", dict(type=float), "the evaluation's sampling temperature"),
     ("dtype", {}, "the trainer's compute dtype, and the engine's"),
@@ -135,7 +135,8 @@ FLAGS = [
     ("ema_start", dict(type=float), "the teacher's EMA decay at the first step"),
     ("ema_end", dict(type=float), "... and at the last (the official code's differs: RUNNING.md, departures)"),
     ("max_sampler_gap", dict(type=float), "stop when the sampler's and the trainer's log-probs differ by more than "
-                                          "this (mean per token)"),
+                                          "this (mean per token) in the run's first steps (run.SamplerGapWatch)"),
+    ("sampler_gap_factor", dict(type=float), "... and after them by more than this times their mean"),
 ]
 ALIASES = {"questions_per_step": ["--pairs_per_step"]}
 
@@ -225,11 +226,14 @@ def check_settings(args, world_size):
     if not 0 < args.gpu_memory_utilization < 1:
         refuse(f"--gpu_memory_utilization {args.gpu_memory_utilization} must be between 0 and 1: the share of each "
                f"GPU vLLM takes; the trainer needs the rest")
-    for name in ("questions_per_step", "mini_batches", "micro_batch_size", "eval_every", "eval_k", "max_prompt_len",
+    for name in ("questions_per_step", "mini_batches", "micro_batch_size", "eval_every", "max_prompt_len",
                  "max_response_len"):
         if getattr(args, name) < 1:
             refuse(f"--{name} {getattr(args, name)} must be at least 1")
-    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch"):
+    if not args.sampler_gap_factor > 1:
+        refuse(f"--sampler_gap_factor {args.sampler_gap_factor} must be above 1: the limit is this times the gap of "
+               f"the run's first steps")
+    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch", "eval_k"):
         if getattr(args, name) < 0:
             refuse(f"--{name} {getattr(args, name)} must be 0 or more")
     longest = args.max_prompt_len + args.max_response_len

@@ -58,19 +58,22 @@ def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASS
     indices = range(len(prompt_ids)) if indices is None else indices
     seeds = [request_seed(seed, "eval", 0, i) for i in indices]
     greedy = engine.generate(prompt_ids, n=1, temperature=0.0, max_tokens=max_tokens)
-    sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens, seeds=seeds)
+    sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens, seeds=seeds) if k else \
+        [[] for _ in prompt_ids]                  # k = 0: greedy only, as the official scripts validate
     sums = {"n": len(gold), "greedy": 0.0, "mean": 0.0, "maj": 0.0}
     for g, group, answer in zip(greedy, sampled, gold):
         answers = [extract_answer(s.text) for s in group]
         sums["greedy"] += is_equiv(extract_answer(g[0].text), answer)
-        sums["mean"] += sum(is_equiv(a, answer) for a in answers) / k
-        sums["maj"] += is_equiv(majority_vote(answers), answer)
+        sums["mean"] += sum(is_equiv(a, answer) for a in answers) / max(k, 1)
+        sums["maj"] += bool(answers) and is_equiv(majority_vote(answers), answer)
     return sums
 
 
-def accuracies(sums):
-    n = max(sums["n"], 1)
-    return {"greedy": sums["greedy"] / n, "mean": sums["mean"] / n, "maj": sums["maj"] / n}
+def accuracies(sums, k):
+    """Fractions of the sums; avg@k and maj@k are None when nothing was sampled (k = 0)."""
+    n, sampled = max(sums["n"], 1), k > 0
+    return {"greedy": sums["greedy"] / n, "mean": sums["mean"] / n if sampled else None,
+            "maj": sums["maj"] / n if sampled else None}
 
 
 def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None):
@@ -95,7 +98,8 @@ def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None):
 
 def markdown_table(results, k):
     lines = [f"| benchmark | n | greedy | avg@{k} | maj@{k} |", "|---|---|---|---|---|"]
-    lines += [f"| {name} | {r['n']} | {r['greedy']:.3f} | {r['mean']:.3f} | {r['maj']:.3f} |"
+    shown = lambda value: "–" if value is None else f"{value:.3f}"         # avg@k and maj@k at k = 0
+    lines += [f"| {name} | {r['n']} | {shown(r['greedy'])} | {shown(r['mean'])} | {shown(r['maj'])} |"
               for name, r in results.items()]
     return "\n".join(lines)
 
@@ -121,10 +125,10 @@ def default_out(model):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None,
-                    help="a model folder, or a training checkpoint (OUT/checkpoints/step_S) "
+                    help="a model folder, a Hugging Face id, or a training checkpoint (OUT/checkpoints/step_S) "
                          "(default: the classroom base model)")
     ap.add_argument("--benchmarks", default="classroom", help="comma-separated benchmark names")
-    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--k", type=int, default=8, help="samples per question beside the greedy one (0: greedy only)")
     ap.add_argument("--temperature", type=float, default=None, help="default: 1.0 on the classroom, else 0.8")
     ap.add_argument("--max_tokens", type=int, default=None,
                     help=f"default: {CLASSROOM_MAX_TOKENS} on the classroom (as in training), else 3072")
@@ -134,12 +138,17 @@ def parse_args(argv=None):
                          "(default: runs/eval/ + the model's path + a hash of it)")
     ap.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
     ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU (the official preset's), else float32")
+    ap.add_argument("--gpu_memory_utilization", type=float, default=0.9,
+                    help="the share of the GPU vLLM takes: eval.py is alone on it")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--paper", action="store_true",
                     help="the paper's metrics: math500, gsm8k and amc, k 8, temperature 0.8, 3072 tokens, "
                          "beside its Table 8")
     args = ap.parse_args(argv)
+    if args.dtype is None:
+        import torch
+        args.dtype = "bfloat16" if torch.cuda.is_available() else "float32"
     if args.paper:
         args.benchmarks, args.k = ",".join(PAPER_BENCHMARKS), 8
         args.temperature = 0.8 if args.temperature is None else args.temperature
@@ -153,6 +162,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     import checkpoint
+    import run
     import world
     model = args.model or world.base_model_dir()
     out = args.out or default_out(model)
@@ -161,7 +171,8 @@ def main(argv=None):
                               f"or --out another folder. Nothing was run")
     with tempfile.TemporaryDirectory() as tmp:
         # a training checkpoint: its policy becomes a model folder first, which the engines load
-        model_dir = checkpoint.to_hf(model, tmp) if checkpoint.is_checkpoint(model) else model
+        model_dir = checkpoint.to_hf(model, tmp) if checkpoint.is_checkpoint(model) else \
+            run.model_folder_for_all_ranks(model)
         results = evaluate_model(model_dir, args)
     table = markdown_table(results, args.k)
     print(f"\n{model}, k={args.k}, temperature {args.temperature}, max_tokens {args.max_tokens}\n\n{table}")
@@ -186,12 +197,12 @@ def evaluate_model(model_dir, args):
     sets = {name: benchmark_prompts(tokenizer, name, args.limit) for name in args.benchmarks}
     longest = max(len(p) for prompts, _ in sets.values() for p in prompts)
     engine = make_engine(args.backend, model_dir, max_prompt_len=longest, max_response_len=args.max_tokens,
-                         dtype=args.dtype)
+                         dtype=args.dtype, gpu_memory_utilization=args.gpu_memory_utilization)
     results = {}
     for name, (prompts, gold) in sets.items():
         t0 = time.perf_counter()
         sums = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens, args.seed)
-        results[name] = {"n": len(gold), **accuracies(sums), "seconds": round(time.perf_counter() - t0, 1)}
+        results[name] = {"n": len(gold), **accuracies(sums, args.k), "seconds": round(time.perf_counter() - t0, 1)}
         print(f"{name}: {results[name]}")
     engine.close()
     return results

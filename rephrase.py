@@ -127,7 +127,7 @@ def write_pairs(path, kept, answers):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="the rephrasing model (a Hugging Face folder)")
+    ap.add_argument("--model", required=True, help="the rephrasing model (a Hugging Face folder or id)")
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True, help="the parquet of pairs to write")
     ap.add_argument("--limit", type=int, default=None, help="the first N questions")
@@ -143,12 +143,14 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
     import data
+    import run
     from rollout import make_engine
+    model_dir = run.model_folder_for_all_ranks(args.model)
     questions, answers = load_questions(args.data, args.limit)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     chat, encode = chat_encoder(tokenizer), data.prompt_encoder(tokenizer, classroom=False)
     longest = max(len(chat(INSTRUCTION.format(question=q))) for q in questions)
-    engine = make_engine(args.backend, args.model, max_prompt_len=longest + args.max_tokens,
+    engine = make_engine(args.backend, model_dir, max_prompt_len=longest + args.max_tokens,
                          max_response_len=max(args.max_tokens, args.answer_tokens), dtype=args.dtype)
     kept = rephrase(engine, chat, encode, questions, args.temperature, args.max_tokens, args.check_answers,
                     args.answer_temperature, args.answer_tokens, args.seed)

@@ -29,8 +29,12 @@ same streams, so that evaluations differ by the model alone, and eval.py reprodu
 - `HFEngine`: transformers' `generate` on its own copy of the model, for machines without
   vLLM (and on GPUs where vLLM is not installed). Slower, same results up to sampling noise.
 
-Both sample with plain temperature: no top-k, no top-p, no generation config from the model
-folder, so that the log-probs are those of the distribution the trainer optimises.
+Both sample with plain temperature: no top-k, no top-p, no sampling defaults from the model
+folder's generation config, so that the log-probs are those of the distribution the trainer
+optimises. A response ends at any of `end_tokens`: the tokenizer's EOS and the generation config's
+eos_token_id(s), as vLLM's default does for the official code (for Qwen3 base models the two
+differ: `<|im_end|>`, which ends a chat turn, and `<|endoftext|>`); the end token is the last of
+the response's tokens and is trained on, as the official code's response mask includes it.
 """
 import hashlib
 import logging
@@ -57,7 +61,7 @@ class RotaryIsNotAWeight(logging.Filter):
 @dataclass
 class Sample:
     prompt_ids: list      # the prompt's token ids
-    token_ids: list       # the response's token ids, ending with EOS when `finished`
+    token_ids: list       # the response's token ids, ending with an end token (`end_tokens`) when `finished`
     logprobs: list        # the sampler's log-prob of each response token, at the sampling temperature
     text: str             # the response decoded, without special tokens
     finished: bool        # False when it was cut at max_tokens
@@ -95,28 +99,64 @@ def check_prompt_lengths(prompt_ids, max_prompt_len):
                          f"loading the data or raise --max_prompt_len")
 
 
+# vLLM's batch limits on a GPU: one rank's largest request at once (a two-view step's 2 x 16 x 8 sequences
+# at 8 ranks), and prefill chunks small enough that profiling them leaves the KV cache its memory
+# (bench/README.md, the memory account). On a CPU vLLM's own defaults are kept.
+GPU_MAX_NUM_SEQS = 256
+GPU_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+def engine_arguments(model_dir, max_prompt_len, max_response_len, dtype, on_gpu, gpu_memory_utilization=0.3,
+                     cpu_kv_cache_gib=1.0):
+    """The arguments of vLLM's `LLM`: the one place where the CPU and the GPU engine differ.
+
+    Both join the trainer's process group as vLLM's external launcher does (the executor reads
+    RANK and LOCAL_RANK, which VLLMEngine sets to the trainer's), so that each rank's engine runs
+    on that rank's device and samples that rank's questions. On a GPU the engine takes
+    `gpu_memory_utilization` of the device while it samples, and sleeps while the trainer trains
+    (`enable_sleep_mode`, VLLMEngine.sleep). On a CPU the KV cache has a fixed size
+    (VLLM_CPU_KVCACHE_SPACE overrides it), there is no sleep mode, and no chunked prefill: after a
+    prompt split over scheduler steps vLLM rewinds the request's random generator, which a CPU
+    generator cannot do, so seeded requests (the evaluation) would fail."""
+    from vllm.config import SchedulerConfig
+    max_model_len = max_prompt_len + max_response_len
+    # seed=0: vLLM seeds the global random state with it; every sampled request brings its own seed
+    common = dict(model=model_dir, dtype=dtype, seed=0, max_model_len=max_model_len, generation_config="vllm",
+                  logprobs_mode="processed_logprobs", distributed_executor_backend="external_launcher")
+    if on_gpu:
+        return {**common, "gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": True,
+                "max_num_seqs": GPU_MAX_NUM_SEQS,
+                "max_num_batched_tokens": max(GPU_MAX_NUM_BATCHED_TOKENS, max_prompt_len)}
+    budget = max(max_model_len, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)   # tokens a step; a whole prompt fits
+    return {**common, "enforce_eager": True, "kv_cache_memory_bytes": int(cpu_kv_cache_gib * 2**30),
+            "enable_chunked_prefill": False, "max_num_batched_tokens": budget}
+
+
+CHECKED_PER_LOAD = 4          # parameters read back and compared after each weight load
+
+
 class VLLMEngine:
     def __init__(self, model_dir, max_prompt_len, max_response_len, dtype="float32", gpu_memory_utilization=0.3,
                  cpu_kv_cache_gib=1.0):
         from vllm import LLM
-        from vllm.config import SchedulerConfig
+        from sharding import init_distributed
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(RotaryIsNotAWeight())
         self.max_prompt_len = max_prompt_len
         self.dtype = getattr(torch, dtype)            # the weights load_weights expects
-        on_cpu = not torch.cuda.is_available()
-        max_model_len = max_prompt_len + max_response_len
-        # the KV cache: a fraction of the GPU, or on a CPU a fixed size (VLLM_CPU_KVCACHE_SPACE overrides it).
-        # On a CPU, no chunked prefill: after a prompt split over scheduler steps vLLM rewinds the request's
-        # random generator, which a CPU generator cannot do, so seeded requests (the evaluation) would fail.
-        budget = max(max_model_len,
-                     SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)  # tokens a step; a whole prompt fits
-        device = dict(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30), enable_chunked_prefill=False,
-                      max_num_batched_tokens=budget) if on_cpu else dict(gpu_memory_utilization=gpu_memory_utilization)
-        # seed=0: vLLM seeds the global random state with it; every sampled request brings its own seed
-        self.llm = LLM(model=model_dir, dtype=dtype, seed=0, max_model_len=max_model_len,
-                       enforce_eager=on_cpu, generation_config="vllm",
-                       logprobs_mode="processed_logprobs", **device)
+        rank, _, device = init_distributed()          # a world of one, unless torchrun started several ranks
+        # vLLM's external launcher reads these: this rank's engine, on this rank's device
+        os.environ["RANK"] = str(rank)
+        os.environ["LOCAL_RANK"] = str(device.index if device.type == "cuda" else os.environ.get("LOCAL_RANK", 0))
+        self.llm = LLM(**engine_arguments(model_dir, max_prompt_len, max_response_len, dtype, device.type == "cuda",
+                                          gpu_memory_utilization, cpu_kv_cache_gib))
+        self.sleeps = self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode
+        self.expected = checkpoint_shapes(model_dir)     # what every load must send: the start checkpoint's tensors
+        engine_shapes = self.llm.collective_rpc(_parameter_shapes)[0]
+        # parameters the engine keeps as the checkpoint names and shapes them (not the fused or repacked ones)
+        self.checkable = sorted(n for n, shape in engine_shapes.items() if self.expected.get(n) == shape)
+        self.loads = 0
         self.tokenizer = self.llm.get_tokenizer()
+        self.ends = end_tokens(model_dir, self.tokenizer)
 
     def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
         from vllm import SamplingParams
@@ -125,7 +165,7 @@ class VLLMEngine:
         seeds = [None] * len(prompt_ids) if seeds is None else seeds
         params = [SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1 if temperature > 0 else 1,
                                  max_tokens=max_tokens, logprobs=0, skip_special_tokens=True,
-                                 seed=seed) for seed in seeds]
+                                 stop_token_ids=self.ends, seed=seed) for seed in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
         groups = []
         for p, out in zip(prompt_ids, outs):
@@ -137,15 +177,103 @@ class VLLMEngine:
             groups.append(group)
         return groups
 
+    def sleep(self):
+        """Free the engine's GPU memory (weights and KV cache) for the training phase; on a CPU, nothing."""
+        if self.sleeps:
+            self.llm.sleep(level=2)           # the weights are reloaded before the next rollout anyway
+
     def load_weights(self, named_tensors):
         """named_tensors: (Hugging Face name, tensor in self.dtype), consumed one at a time (in this process,
-        so a generator that gathers each tensor when asked streams the model through)."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        so a generator that gathers each tensor when asked streams the model through). A sleeping engine
+        wakes for it: its weights' memory first, the KV cache after the load, as TRL does.
+
+        Then checked: every tensor of the start checkpoint came, in its shape, and CHECKED_PER_LOAD
+        parameters read back from the engine equal what was sent, bit for bit (a different few each
+        load). Returns None, or what is wrong, in words: the caller stops every rank on it."""
+        if self.sleeps:
+            torch.cuda.empty_cache()          # the trainer's cached free blocks back to the device, for vLLM
+            self.llm.wake_up(tags=["weights"])
+        start = self.loads * CHECKED_PER_LOAD
+        checked = {self.checkable[(start + k) % len(self.checkable)]
+                   for k in range(min(CHECKED_PER_LOAD, len(self.checkable)))}
+        sent, sums = {}, {}
+
+        def watched():
+            for name, tensor in named_tensors:
+                sent[name] = tuple(tensor.shape)
+                if name in checked:
+                    sums[name] = checksum(tensor.to(self.dtype))
+                yield name, tensor
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": watched()})
+        self.loads += 1
+        if self.sleeps:
+            self.llm.wake_up(tags=["kv_cache"])
         self.llm.reset_prefix_cache()   # cached KV blocks were computed with the old weights
+        missing = sorted(n for n in self.expected if n not in sent)
+        reshaped = sorted(n for n in self.expected if n in sent and sent[n] != self.expected[n])
+        engine_sums = self.llm.collective_rpc(_checksums, kwargs={"names": sorted(checked)})[0]
+        differ = sorted(n for n in checked if engine_sums[n] != sums.get(n))
+        problems = [f"{len(missing)} of the model's {len(self.expected)} tensors were not sent ({missing[:3]})"] * \
+            bool(missing)
+        problems += [f"{reshaped[:3]} came in another shape"] * bool(reshaped)
+        problems += [f"the engine's {differ[:3]} differ from the trainer's after the load"] * bool(differ)
+        return "; ".join(problems) or None
 
     def close(self):
-        """Shut the engine down now, while the process group it shares is still alive."""
+        """Shut the engine down. In the external launcher's mode this also ends the process group it shares:
+        close it last (train.py: after the final barrier)."""
         self.llm.llm_engine.engine_core.shutdown()
+
+
+def checkpoint_shapes(model_dir):
+    """{name: shape} of the tensors in a Hugging Face folder's safetensors files (headers only)."""
+    import glob
+    from safetensors import safe_open
+    shapes = {}
+    for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+        with safe_open(path, "pt") as f:
+            shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
+    return shapes
+
+
+def end_tokens(model_dir, tokenizer):
+    """The token ids that end a response: the tokenizer's EOS and the eos_token_id (one or a list) of the
+    model folder's generation_config.json, if it has one."""
+    import json
+    ends = {tokenizer.eos_token_id}
+    path = os.path.join(model_dir, "generation_config.json")
+    if os.path.isfile(path):
+        eos = json.load(open(path)).get("eos_token_id")
+        ends |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    return sorted(e for e in ends if e is not None)
+
+
+INTEGER_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def checksum(tensor, chunk=2**22):
+    """An exact fingerprint of a tensor's bits: the sum of each element's bit pattern times a weight that
+    depends on its place (so a permutation changes it), in wrapping 64-bit integer arithmetic, whose sums do
+    not depend on the order they are taken in. Computed in chunks on the tensor's device."""
+    flat = tensor.detach().contiguous().view(-1)
+    bits = flat.view(INTEGER_OF_WIDTH[flat.element_size()])
+    total = torch.zeros((), dtype=torch.int64, device=flat.device)
+    for begin in range(0, bits.numel(), chunk):
+        part = bits[begin:begin + chunk].to(torch.int64)
+        weights = torch.arange(begin, begin + part.numel(), device=flat.device, dtype=torch.int64) % 65521 + 1
+        total += (part * weights).sum()
+    return tuple(tensor.shape), int(total)
+
+
+def _parameter_shapes(worker):
+    """Runs in the vLLM worker (collective_rpc): {name: shape} of the engine's parameters."""
+    return {n: tuple(p.shape) for n, p in worker.model_runner.get_model().named_parameters()}
+
+
+def _checksums(worker, names):
+    """Runs in the vLLM worker: `checksum` of each named parameter."""
+    params = dict(worker.model_runner.get_model().named_parameters())
+    return {n: checksum(params[n]) for n in names}
 
 
 class HFEngine:
@@ -157,8 +285,9 @@ class HFEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = (AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
                       .to(self.device).eval())
-        self.eos = self.tokenizer.eos_token_id
-        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+        self.ends = torch.tensor(end_tokens(model_dir, self.tokenizer), device=self.device)
+        eos = self.tokenizer.eos_token_id
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
 
     @torch.no_grad()
     def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
@@ -191,27 +320,29 @@ class HFEngine:
                 token = logits.argmax(-1)
             token = torch.where(done, torch.full_like(token, self.pad), token)
             out_ids.append(token); out_lps.append(logp.gather(-1, token[:, None]).squeeze(-1))
-            done = done | (token == self.eos)
+            done = done | torch.isin(token, self.ends)
             if done.all():
                 break
             step_ids = token[:, None]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)
             step_pos = step_pos[:, -1:] + 1
         out_ids = torch.stack(out_ids, 1).tolist(); out_lps = torch.stack(out_lps, 1).tolist()
-        groups = []
+        groups, ends = [], set(self.ends.tolist())
         for i, p in enumerate(prompt_ids):
             group = []
             for j in range(i * n, (i + 1) * n):
                 ids_j = out_ids[j]
-                end = ids_j.index(self.eos) + 1 if self.eos in ids_j else len(ids_j)
+                ended = [k for k, t in enumerate(ids_j) if t in ends]
+                end = ended[0] + 1 if ended else len(ids_j)
                 text = self.tokenizer.decode(ids_j[:end], skip_special_tokens=True)
-                group.append(Sample(list(p), ids_j[:end], out_lps[j][:end], text, self.eos in ids_j))
+                group.append(Sample(list(p), ids_j[:end], out_lps[j][:end], text, bool(ended)))
             groups.append(group)
         return groups
 
     @torch.no_grad()
     def load_weights(self, named_tensors):
-        """Copies each (name, tensor) into place as it comes; a tied parameter may come under either name."""
+        """Copies each (name, tensor) into place as it comes; a tied parameter may come under either name.
+        Returns None, or what is wrong, in words (as VLLMEngine.load_weights)."""
         params, loaded, unexpected = dict(self.model.named_parameters(remove_duplicate=False)), set(), []
         for name, tensor in named_tensors:
             if name in params:
@@ -220,9 +351,13 @@ class HFEngine:
             else:
                 unexpected.append(name)
         missing = [name for name, p in params.items() if id(p) not in loaded]
-        if missing or unexpected:
-            raise RuntimeError(f"weight sync into the transformers engine failed: missing {missing[:5]}, "
-                               f"unexpected {unexpected[:5]}; the trainer's and the engine's models differ")
+        problems = [f"{len(missing)} of the engine's parameters were not sent ({missing[:3]})"] * bool(missing)
+        problems += [f"{len(unexpected)} tensors the engine does not have were sent ({unexpected[:3]})"] * \
+            bool(unexpected)
+        return "; ".join(problems) or None
+
+    def sleep(self):
+        pass
 
     def close(self):
         pass

@@ -28,7 +28,7 @@ def init_distributed():
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
-        if "RANK" in os.environ:                      # under torchrun: it says who we are
+        if "WORLD_SIZE" in os.environ:                # under torchrun: it says who we are
             dist.init_process_group(backend)
         else:                                         # alone: a world of one on a free local port
             with socket.socket() as s:
@@ -106,6 +106,25 @@ def full_weights(model, dtype=None):
         full = param.full_tensor() if isinstance(param, DTensor) else param
         for name in aliases:
             yield name, full
+
+
+class WeightSyncError(RuntimeError):
+    """A rollout engine does not hold the weights it was sent."""
+
+
+def sync_engine_weights(engine, model):
+    """Load `model`'s weights into this rank's rollout engine (`full_weights`), checked by the engine
+    (rollout.py: every tensor sent and taken, a sample read back). A collective: every rank stops,
+    with the failing rank's words, if any rank's engine did not take its weights."""
+    problem = engine.load_weights(full_weights(model, engine.dtype))
+    failed = torch.tensor([float(problem is not None)])
+    dist.all_reduce(failed)                       # a CPU tensor: gloo, on a CPU and beside NCCL on a GPU
+    if failed.item():
+        raise WeightSyncError(f"the weight sync into the rollout engine failed on rank {dist.get_rank()}: "
+                              f"{problem or 'another rank failed (its message says why)'}. The engine would sample "
+                              f"from other weights than the trainer's, so the run stopped. Check that the trainer and "
+                              f"the engine load the same --model folder, and that vLLM is the version the "
+                              f"requirements pin")
 
 
 def all_sum(values, device):

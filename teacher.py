@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from sharding import full_weights, reshard
+from sharding import reshard, sync_engine_weights
 
 
 def ema_decay(step, total_steps, start=0.99, end=0.9999):
@@ -41,5 +41,5 @@ def ema_update(teacher, policy, alpha):
 def teacher_rollout(engine, teacher, prompt_ids, seeds, n, temperature, max_tokens):
     """The teacher's responses (`seeds`: one per prompt, rollout.request_seed with role "teacher").
     The engine then serves the teacher, until the caller loads the policy."""
-    engine.load_weights(full_weights(teacher, engine.dtype))
+    sync_engine_weights(engine, teacher)
     return engine.generate(prompt_ids, n, temperature, max_tokens, seeds=seeds)

@@ -47,7 +47,7 @@ from grpo import NonFiniteError, StepConfig, group_advantages, make_batch, score
 from rewards import (ANSWER_FREE_METHODS, TEACHER_METHODS, TWO_VIEW_METHODS, certainty_per_token, common_answer_share,
                      extract_answer, group_diagnostics, is_equiv, labels_for, majority_vote, rewards_for)
 from rollout import make_engine, request_seed
-from sharding import all_sum, full_weights, init_distributed, load_sharded
+from sharding import all_sum, init_distributed, load_sharded, sync_engine_weights
 from teacher import ema_decay, ema_update, teacher_rollout
 
 
@@ -63,8 +63,8 @@ class Models:
     pad_id: int
 
     def sync_engine(self):
-        """Load the policy's weights into the engine."""
-        self.engine.load_weights(full_weights(self.policy, self.engine.dtype))
+        """Load the policy's weights into the engine, checked (a collective: sharding.sync_engine_weights)."""
+        sync_engine_weights(self.engine, self.policy)
 
 
 @dataclasses.dataclass
@@ -115,6 +115,7 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
         teacher_groups = teacher_rollout(m.engine, m.teacher, prompts(teacher_views), seeds("teacher", teacher_views),
                                          args.group_size, args.temperature, args.max_response_len)
         teacher_answers = [[extract_answer(s.text) for s in g] for g in teacher_groups]
+    m.engine.sleep()                              # on a GPU, its memory goes to the training phase until the sync
     t1 = time.perf_counter()
 
     # 3. label and reward
@@ -246,20 +247,21 @@ def evaluate(step, engine, eval_set, args, device, log, rank):
     prompts, gold, indices = eval_set
     sums = eval_counts(engine, prompts, gold, args.eval_k, args.eval_temperature, args.max_response_len, args.seed,
                        indices)
-    acc = accuracies(all_sum(sums, device))
+    acc = accuracies(all_sum(sums, device), args.eval_k)
     log.write({"step": step, "eval_acc": acc["mean"], "eval_greedy": acc["greedy"], "eval_maj": acc["maj"]})
     if rank == 0:
-        tqdm.write(f"eval @ step {step}: mean@{args.eval_k} {acc['mean']:.3f}  greedy {acc['greedy']:.3f}  "
-                   f"maj@{args.eval_k} {acc['maj']:.3f}")
+        sampled = f"mean@{args.eval_k} {acc['mean']:.3f}  " if args.eval_k else ""
+        tqdm.write(f"eval @ step {step}: {sampled}greedy {acc['greedy']:.3f}" +
+                   (f"  maj@{args.eval_k} {acc['maj']:.3f}" if args.eval_k else ""))
 
 
 def main(argv=None):
     args, resume = config.settings(argv, __doc__)
     rank, world_size, device = init_distributed()
+    import world
+    model_dir = run.model_folder_for_all_ranks(args.model) if args.model else world.base_model_dir()
     locks = run.take_folder(args.out, rank, resume, args.overwrite)      # noqa: F841  (held until the process ends)
     from transformers import AutoTokenizer
-    import world
-    model_dir = args.model or world.base_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # question -> prompt ids, encoded once: drop_long sees every prompt, the steps reuse them
     encode = functools.lru_cache(maxsize=None)(data.prompt_encoder(tokenizer, args.data == "classroom"))
@@ -280,8 +282,9 @@ def main(argv=None):
     # (seeded after the engine starts, as vLLM seeds the global RNG with its own seed).
     torch.manual_seed(args.seed)
     questions, start, wandb_id = Questions.shuffled(pairs, args.seed), 0, secrets.token_hex(4)
+    gap_watch = run.SamplerGapWatch(args.max_sampler_gap, args.sampler_gap_factor)
     if resume is not None:
-        start, saved_id = run.restore(resume, models, questions, args, rank)
+        start, saved_id, gap_watch.baseline = run.restore(resume, models, questions, args, rank)
         wandb_id = saved_id or wandb_id                           # kept in checkpoints: a resumed run continues it
     wandb_run = run.start_wandb(args.wandb, wandb_id, config.config_of(args)) if args.wandb and rank == 0 else None
     log = run.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0, resume_step=start if resume else None,
@@ -302,12 +305,13 @@ def main(argv=None):
                 tqdm.write(warning)
             bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
                             label_acc="-" if record["label_acc"] is None else f"{record['label_acc']:.2f}")
-            run.check_sampler_gap(step, record, args.max_sampler_gap)
+            gap_watch.check(step, record)
             if step % args.eval_every == 0 or step == args.steps:
                 evaluate(step, models.engine, eval_set, args, device, log, rank)
             stopped = signals.agreed(device) and step < args.steps          # at the last step, simply finish
             if stopped or (args.save_every and (step % args.save_every == 0 or step == args.steps)):
-                run.save_checkpoint(args, step, models, questions, wandb_id, fingerprints, tokenizer, rank)
+                run.save_checkpoint(args, step, models, questions, wandb_id, fingerprints, tokenizer, rank,
+                                    gap_watch.baseline)
             if stopped:
                 if rank == 0:
                     print(f"stopped after step {step} of {args.steps}; continue with: --out {args.out} --resume")

@@ -29,7 +29,8 @@ METHODS = ["gt", "majority", "coreward1", "coreward2", "coreward3", "coreward3_b
     (["--teacher_prompts", "rephrased"], 1, "--teacher_prompts rephrased has the EMA teacher answer the rephrasings "
                                             "of the original questions the policy trains on: it needs a teacher "
                                             "method"),
-    (["--eval_k", "0"], 1, "--eval_k 0 must be at least 1"),
+    (["--eval_k", "-1"], 1, "--eval_k -1 must be 0 or more"),
+    (["--sampler_gap_factor", "1"], 1, "--sampler_gap_factor 1.0 must be above 1"),
     (["--max_response_len", "0"], 1, "--max_response_len 0 must be at least 1"),
     (["--max_prompt_len", "0"], 1, "--max_prompt_len 0 must be at least 1"),
     (["--temperature", "0"], 1, "--temperature 0.0 must be positive"),

@@ -52,8 +52,20 @@ def test_counts_greedy_avg_and_maj_by_hand():
     sums = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, temperature=0.8, max_tokens=100)
     assert sums == {"n": 3, "greedy": 2, "mean": pytest.approx(0.5 + 0.25 + 0.25), "maj": 1}
     assert engine.calls == [(1, 0.0, 100), (4, 0.8, 100)]
-    acc = evaluation.accuracies(sums)
+    acc = evaluation.accuracies(sums, k=4)
     assert acc == pytest.approx({"greedy": 2 / 3, "mean": 1 / 3, "maj": 1 / 3})
+
+
+def test_k_0_is_greedy_only_as_the_official_validation():
+    """--eval_k 0 (the official preset's): one greedy request, no sampled one; avg@k and maj@k are None."""
+    engine = FakeEngine(GREEDY, SAMPLED)
+    sums = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=0, temperature=0.8, max_tokens=100)
+    assert engine.calls == [(1, 0.0, 100)]
+    assert evaluation.accuracies(sums, k=0) == {"greedy": pytest.approx(2 / 3), "mean": None, "maj": None}
+    table = evaluation.markdown_table({"math500": {"n": 3, **evaluation.accuracies(sums, k=0)}}, k=0)
+    assert table.splitlines()[-1] == "| math500 | 3 | 0.667 | – | – |"
+    import config
+    assert config.PRESETS["official"]["eval_k"] == 0
 
 
 def test_sums_of_shares_add_up_to_the_whole():

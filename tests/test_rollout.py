@@ -122,3 +122,88 @@ def test_seeded_prompts_longer_than_one_scheduler_step(tiny_model_dir):
     whole = _texts(engine.generate(prompts, n=2, temperature=1.0, max_tokens=8, seeds=seeds))
     assert _texts(engine.generate(prompts[7:8], n=2, temperature=1.0, max_tokens=8, seeds=seeds[7:8])) == whole[7:8]
     engine.close()
+
+
+def test_each_rank_has_its_own_engine_on_its_own_device(tiny_model_dir, tmp_path):
+    """At 2 CPU ranks under torchrun, each rank's vLLM worker runs as that rank (its LOCAL_RANK:
+    vLLM's default single-process executor gave every rank local rank 0, so on a GPU every engine
+    landed on GPU 0), and each rank samples its own question as one rank would."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    records = {}
+    for n in (1, 2):
+        path = tmp_path / f"engines{n}.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master_port",
+               str(29640 + n), os.path.join(root, "tests", "engine_ranks_worker.py"), tiny_model_dir, str(path)]
+        res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert res.returncode == 0, res.stderr[-3000:]
+        records[n] = json.loads(path.read_text())
+    assert [(r["rank"], r["LOCAL_RANK"], r["engine_local_rank"], r["engine_device"]) for r in records[2]] == \
+        [(0, 0, 0, "cpu"), (1, 1, 1, "cpu")]
+    one = records[1][0]["responses"]
+    assert [r["responses"][0] for r in records[2]] == one and one[0] != one[1]
+
+
+def test_a_load_that_misses_a_tensor_or_lands_wrong_is_reported(dist_world, tiny_model_dir):
+    """VLLMEngine.load_weights says what is wrong: a tensor of the checkpoint not sent, or a parameter
+    whose bits read back from the engine differ from what was sent; a whole, faithful load says nothing."""
+    from transformers import AutoModelForCausalLM
+    import rollout
+    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=8)
+    state = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    assert engine.load_weights(state.items()) is None
+    dropped = "model.layers.1.self_attn.q_proj.weight"      # fused into qkv_proj by vLLM: no name of its own there
+    problem = engine.load_weights((n, t) for n, t in state.items() if n != dropped)
+    assert problem.startswith("1 of the model's") and dropped in problem
+    # a parameter the engine keeps under its own name, changed in the engine after the load
+    name = engine.checkable[(engine.loads * rollout.CHECKED_PER_LOAD) % len(engine.checkable)]
+
+    def corrupt_after_load(worker, weights_iterator):
+        worker.reload_weights(weights_iterator=weights_iterator)
+        dict(worker.model_runner.get_model().named_parameters())[name].data.add_(1.0)
+    real = engine.llm.collective_rpc
+    engine.llm.collective_rpc = lambda method, **kw: real(corrupt_after_load if method == "reload_weights" else method,
+                                                          **kw)
+    problem = engine.load_weights(state.items())
+    assert problem == f"the engine's {[name]} differ from the trainer's after the load"
+    engine.llm.collective_rpc = real
+    engine.close()
+
+
+def test_checksum_by_hand():
+    """The bits of each element times (its place mod 65521) + 1, summed: a permutation or a flipped bit
+    changes it; the same bits in another dtype of that width give the same sum."""
+    from rollout import checksum
+    t = torch.tensor([1.0, 2.0], dtype=torch.float32)       # bits 0x3F800000, 0x40000000
+    assert checksum(t) == ((2,), 0x3F800000 * 1 + 0x40000000 * 2)
+    assert checksum(t.flip(0)) != checksum(t)
+    assert checksum(t, chunk=1) == checksum(t)
+    assert checksum(torch.tensor([1.0], dtype=torch.bfloat16)) == ((1,), 0x3F80)
+
+
+@pytest.mark.parametrize("backend", ["vllm", "hf"])
+def test_a_response_ends_at_the_generation_configs_eos_too(tiny_model_dir, tmp_path, backend):
+    """Qwen3 base models name one EOS in the tokenizer and another in generation_config.json: a
+    response ends at either, as vLLM's default does for the official code. Here the model's first
+    greedy token is made an end token of the generation config: the response is that one token."""
+    import json
+    import shutil
+    from rollout import end_tokens
+    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=8)
+    prompt = engine.tokenizer(world.format_prompt(world.make_split("test")[0].original))["input_ids"]
+    first = engine.generate([prompt], n=1, temperature=0.0, max_tokens=8)[0][0]
+    engine.close()
+    assert len(first.token_ids) > 1 and first.token_ids[0] != engine.tokenizer.eos_token_id
+    folder = tmp_path / "two_ends"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": [0, first.token_ids[0]]}))
+    assert end_tokens(str(folder), engine.tokenizer) == sorted({engine.tokenizer.eos_token_id, 0, first.token_ids[0]})
+    engine = make_engine(backend, str(folder), max_prompt_len=64, max_response_len=8)
+    ended = engine.generate([prompt], n=1, temperature=0.0, max_tokens=8)[0][0]
+    engine.close()
+    assert ended.token_ids == first.token_ids[:1] and ended.finished

@@ -131,3 +131,63 @@ def test_wandb_is_not_needed_without_the_flag(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)          # `import wandb` fails
     with pytest.raises(ImportError, match="--wandb needs the wandb package"):
         run.start_wandb("proj", "abc", {})
+
+
+def _hub_cache(root, repo_id, model_dir):
+    """A Hugging Face hub cache at `root` holding `repo_id` as a download leaves it: the files in
+    models--org--name/snapshots/<commit>/, and refs/main naming the commit."""
+    import shutil
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(model_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return str(repo / "snapshots" / commit)
+
+
+def test_a_hub_id_is_resolved_from_the_cache_and_a_missing_folder_is_refused_at_once(tmp_path, monkeypatch):
+    """--model as users pass it: a cached Hugging Face id becomes its snapshot folder without the network;
+    a path that names no folder is refused as one, not looked up on the hub; an id that is neither cached
+    nor downloadable (offline) fails at once, naming the fixes."""
+    import huggingface_hub.constants
+    import world
+    snapshot = _hub_cache(tmp_path / "hub", "org/classroom", world.base_model_dir())
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert run.model_folder_for_all_ranks("org/classroom") == snapshot
+    assert run.model_folder_for_all_ranks(world.base_model_dir()) == world.base_model_dir()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "notes.txt").write_text("")
+    for missing in ("/nonexistent/model", "runs/coreward1/final", "models/smollm2-135m", "./qwen", "notes.txt"):
+        t0 = time.perf_counter()
+        with pytest.raises(FileNotFoundError, match=f"--model {missing}: no such folder"):
+            run.model_folder_for_all_ranks(missing)
+        assert time.perf_counter() - t0 < 1
+    with pytest.raises(FileNotFoundError, match="the folder holds no config.json"):
+        run.model_folder_for_all_ranks("models")
+    t0 = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match=r"--model org/other is no folder here, and as a Hugging Face id it is "
+                                                r"neither in the cache .* nor could it be downloaded .*huggingface-cli "
+                                                r"download org/other"):
+        run.model_folder_for_all_ranks("org/other")
+    assert time.perf_counter() - t0 < 5
+
+
+def test_a_run_from_a_hub_id_offline_trains_on_the_cached_snapshot(tmp_path):
+    """train.py --model org/classroom with HF_HUB_OFFLINE=1 and a cache that holds it: the run trains, and
+    its fingerprint is the snapshot's files."""
+    import world
+    from checkpoint import model_fingerprint
+    snapshot = _hub_cache(tmp_path / "hub", "org/classroom", world.base_model_dir())
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--model", "org/classroom", "--preset",
+                          "classroom", "--out", str(out), *SHORT, "--steps", "1", "--save_every", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_CACHE": str(tmp_path / "hub"),
+                              "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [r["step"] for r in records(out) if "reward" in r] == [1]
+    from checkpoint import read_trainer_state
+    saved = read_trainer_state(str(out / "checkpoints" / "step_1"))
+    assert saved["fingerprints"]["model"] == model_fingerprint(snapshot)

@@ -237,7 +237,8 @@ def test_an_engine_that_does_not_run_the_trainers_weights_stops_the_run(tmp_path
 
     def stale_engine(backend, model_dir, *args, **kwargs):
         engine = real(backend, tiny_model_dir, *args, **kwargs)
-        engine.load_weights = lambda named_tensors: [None for _ in named_tensors]   # every rank gathers, none loads
+        # every rank gathers, none loads, and each says all is well
+        engine.load_weights = lambda named_tensors: [None for _ in named_tensors] and None
         return engine
     monkeypatch.setattr(train, "make_engine", stale_engine)
     out = tmp_path / "stale"
@@ -247,6 +248,43 @@ def test_an_engine_that_does_not_run_the_trainers_weights_stops_the_run(tmp_path
     assert "the engine is not running the trainer's weights" in str(run.error)
     assert [x["step"] for x in run.step_records] == [1] and run.step_records[0]["sampler_gap"] > 0.1
     assert not (out / "final").exists() and not (out / "checkpoints").exists()
+
+
+def test_a_sync_that_drops_a_tensor_stops_the_run_within_that_step(tmp_path, monkeypatch):
+    """One tensor left out of every weight sync into vLLM: the engine's check sees it at the first step's
+    sync, before anything samples from the engine, and the run stops with a message that says what to do;
+    no checkpoint or model is saved."""
+    real = train.make_engine
+
+    def dropping_engine(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        load = engine.load_weights
+        engine.load_weights = lambda named: load((n, t) for n, t in named if n != "model.layers.0.mlp.up_proj.weight")
+        return engine
+    monkeypatch.setattr(train, "make_engine", dropping_engine)
+    out = tmp_path / "dropped"
+    run = run_in_process(out, "gt", *SHORT, "--save_every", "1")
+    assert type(run.error).__name__ == "WeightSyncError"
+    assert "the weight sync into the rollout engine failed on rank 0: 1 of the model's" in str(run.error)
+    assert "model.layers.0.mlp.up_proj.weight" in str(run.error) and "Check that the trainer" in str(run.error)
+    assert len(run.steps) == 1 and run.step_records == []
+    assert not (out / "final").exists() and not (out / "checkpoints").exists()
+
+
+def test_the_sampler_gap_limit_follows_the_runs_first_steps():
+    """--max_sampler_gap bounds the first 3 steps; then --sampler_gap_factor times their mean does."""
+    from run import SamplerGapWatch
+    watch = SamplerGapWatch(limit=0.1, factor=5.0)
+    for step, gap in enumerate([0.02, 0.04, 0.03], 1):
+        watch.check(step, {"sampler_gap": gap})
+    assert watch.baseline == pytest.approx(0.03)
+    watch.check(4, {"sampler_gap": 0.149})                       # under 5 x 0.03
+    with pytest.raises(RuntimeError, match=r"step 5: .* by 0.151 per token \(> --sampler_gap_factor 5.0 x 0.03"):
+        watch.check(5, {"sampler_gap": 0.151})
+    with pytest.raises(RuntimeError, match=r"step 1: .* by 0.2 per token \(> --max_sampler_gap 0.1"):
+        SamplerGapWatch(limit=0.1, factor=5.0).check(1, {"sampler_gap": 0.2})
+    with pytest.raises(RuntimeError, match="by nan"):
+        SamplerGapWatch(limit=0.1, factor=5.0, baseline=1e-7).check(9, {"sampler_gap": float("nan")})
 
 
 def test_a_non_finite_loss_stops_the_run_before_the_weights_move(tmp_path, monkeypatch):
