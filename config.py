@@ -48,8 +48,8 @@ METHOD_DEFAULTS = {
 }
 # The defaults of flags that neither the preset nor the method sets.
 DEFAULTS = dict(views="original", teacher_prompts="same", seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999,
-                max_sampler_gap=0.1, sampler_gap_factor=5.0, keep_last=2, gpu_memory_utilization=0.3, defer_grad_sync=False,
-                compile_layers=False)
+                max_sampler_gap=0.1, sampler_gap_factor=5.0, keep_last=2, gpu_memory_utilization=0.75,
+                defer_grad_sync=False, compile_layers=False)
 VIEWS = ("original", "both")
 TEACHER_PROMPTS = ("same", "rephrased")
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
@@ -115,7 +115,8 @@ FLAGS = [
     ("dtype", {}, "the trainer's compute dtype, and the engine's"),
     ("cpu_kv_cache_gib", dict(type=float), "vLLM's KV cache on a CPU"),
     ("gpu_memory_utilization", dict(type=float), "the share of each GPU vLLM's engine takes for its weights and KV "
-                                                 "cache"),
+                                                 "cache while it samples; it sleeps while the trainer trains "
+                                                 "(bench/README.md, the memory account)"),
     ("activation_checkpointing", dict(action=argparse.BooleanOptionalAction),
      "recompute each decoder layer in the backward instead of keeping its activations"),
     ("compile_layers", dict(action=argparse.BooleanOptionalAction),

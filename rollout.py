@@ -22,10 +22,15 @@ multiples of 2**16, so the n ≤ 2**16 children of two requests never share a st
 pass step 0 whatever the step (eval.eval_counts): each evaluation samples a question from the
 same streams, so that evaluations differ by the model alone, and eval.py reproduces any of them.
 
-- `VLLMEngine`: vLLM in this process (no engine subprocess), one engine per rank. Its
-  log-probs are the sampler's, after temperature (`logprobs_mode="processed_logprobs"`), so
-  they are comparable to the trainer's log-probs of logits / temperature. Weights are synced
-  with vLLM's `reload_weights`, which takes an iterator of (Hugging Face name, tensor).
+- `VLLMEngine`: vLLM in this process (no engine subprocess), one engine per rank, on the
+  rank's own device: it joins the trainer's process group as vLLM's external launcher does
+  (`engine_arguments`, the one place where the CPU and the GPU engine differ). Its log-probs are
+  the sampler's, after temperature (`logprobs_mode="processed_logprobs"`), so they are
+  comparable to the trainer's log-probs of logits / temperature. Weights are synced with vLLM's
+  `reload_weights`, which takes an iterator of (Hugging Face name, tensor), and each load is
+  checked: every tensor of the start checkpoint sent in its shape, and a few parameters read back
+  from the engine equal, bit for bit, to what was sent. On a GPU the engine sleeps while the
+  trainer trains (`sleep`): its weights and KV cache give their memory to the training phase.
 - `HFEngine`: transformers' `generate` on its own copy of the model, for machines without
   vLLM (and on GPUs where vLLM is not installed). Slower, same results up to sampling noise.
 
@@ -149,7 +154,8 @@ class VLLMEngine:
         os.environ["LOCAL_RANK"] = str(device.index if device.type == "cuda" else os.environ.get("LOCAL_RANK", 0))
         self.llm = LLM(**engine_arguments(model_dir, max_prompt_len, max_response_len, dtype, device.type == "cuda",
                                           gpu_memory_utilization, cpu_kv_cache_gib))
-        self.sleeps = self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode
+        self.sleeps = self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode      # on a GPU
+        self.asleep = False
         self.expected = checkpoint_shapes(model_dir)     # what every load must send: the start checkpoint's tensors
         engine_shapes = self.llm.collective_rpc(_parameter_shapes)[0]
         # parameters the engine keeps as the checkpoint names and shapes them (not the fused or repacked ones)
@@ -179,8 +185,9 @@ class VLLMEngine:
 
     def sleep(self):
         """Free the engine's GPU memory (weights and KV cache) for the training phase; on a CPU, nothing."""
-        if self.sleeps:
+        if self.sleeps and not self.asleep:
             self.llm.sleep(level=2)           # the weights are reloaded before the next rollout anyway
+            self.asleep = True
 
     def load_weights(self, named_tensors):
         """named_tensors: (Hugging Face name, tensor in self.dtype), consumed one at a time (in this process,
@@ -190,7 +197,8 @@ class VLLMEngine:
         Then checked: every tensor of the start checkpoint came, in its shape, and CHECKED_PER_LOAD
         parameters read back from the engine equal what was sent, bit for bit (a different few each
         load). Returns None, or what is wrong, in words: the caller stops every rank on it."""
-        if self.sleeps:
+        was_asleep, self.asleep = self.asleep, False
+        if was_asleep:
             torch.cuda.empty_cache()          # the trainer's cached free blocks back to the device, for vLLM
             self.llm.wake_up(tags=["weights"])
         start = self.loads * CHECKED_PER_LOAD
@@ -206,7 +214,7 @@ class VLLMEngine:
                 yield name, tensor
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": watched()})
         self.loads += 1
-        if self.sleeps:
+        if was_asleep:
             self.llm.wake_up(tags=["kv_cache"])
         self.llm.reset_prefix_cache()   # cached KV blocks were computed with the old weights
         missing = sorted(n for n in self.expected if n not in sent)

@@ -291,7 +291,8 @@ def model_folder_for_all_ranks(model):
     if model.startswith(("/", "./", "../", "~")) or len(parts) > 2 or (len(parts) == 2 and os.path.isdir(parts[0])) \
             or os.path.exists(path):
         raise FileNotFoundError(f"--model {model}: no such folder{' (it is a file)' if os.path.exists(path) else ''}. "
-                                f"Give a model folder, or a Hugging Face id such as Qwen/Qwen3-4B-Base. Nothing was run")
+                                f"Give a model folder, or a Hugging Face id such as Qwen/Qwen3-4B-Base. "
+                                f"Nothing was run")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
     first_on_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
@@ -312,7 +313,8 @@ def model_folder_for_all_ranks(model):
     if failed is not None:
         raise FileNotFoundError(
             f"--model {model} is no folder here, and as a Hugging Face id it is neither in the cache "
-            f"(HF_HUB_CACHE, ~/.cache/huggingface/hub) nor could it be downloaded ({str(failed).splitlines()[0][:200]}). "
+            f"(HF_HUB_CACHE, ~/.cache/huggingface/hub) nor could it be downloaded "
+            f"({str(failed).splitlines()[0][:200]}). "
             f"Download it where there is a network (huggingface-cli download {model}) and use that cache, or give "
             f"the model's folder. Nothing was run") from None
     return snapshot_download(model, local_files_only=True)

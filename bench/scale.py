@@ -55,6 +55,7 @@ SMALL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=768, num_hidde
 QWEN3_4B = dict(vocab_size=VOCAB, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
 GiB = 2**30
+OFFICIAL_UTILIZATION = 0.75         # config.PRESETS["official"]["gpu_memory_utilization"]
 
 # What each variant turns on. "before": everything as it was.
 VARIANTS = {
@@ -117,6 +118,80 @@ def memory_account(c, world_size=8, micro_tokens=16_384, compute_bytes=2, ref_by
         "vLLM (weights + KV cache)": vllm_share * gpu_bytes,
     }
     return parts
+
+
+# What the tensor account leaves out, as ranges in GB (a low and a high estimate), per GPU.
+CUDA_RUNTIME = (1.0, 3.0)        # CUDA context, cuBLAS workspaces, NCCL's buffers for 8 ranks
+VLLM_ASLEEP = (0.5, 2.0)         # what vLLM's sleep level 2 keeps: CUDA-graph pools, sampler buffers, its cache
+VLLM_PROFILE = (1.0, 2.0)        # vLLM's profiling peak at 256 sequences and 8,192 batched tokens (rollout.py)
+VLLM_GRAPHS = (0.3, 1.0)         # CUDA graphs captured for batch sizes up to 256
+FRAGMENTATION = (0.05, 0.10)     # of a phase's tensors, lost to the caching allocator's fragmentation
+
+
+def gpu_phases(c, world_size=8, device_bytes=80e9, utilization=0.75, teacher=False, micro_tokens=16_384):
+    """The per-GPU memory of the official preset in its three phases, as (low, high) bytes per part, and
+    the KV-cache tokens per rank. vLLM sleeps (level 2) while the trainer trains, and wakes for the
+    weight sync (its weights) and the rollout (its KV cache), so the phases do not add up:
+
+    - training: the trainer's tensors (`memory_account` without vLLM), the second bf16 gradient of the
+      tied embedding (input and output layer, before they are summed), FSDP's fp32 reduce-scatter
+      staging of one unit's unsharded gradient (a layer's; the root's at most), the recomputed layer's
+      backward temporaries (one to two times its activations), what vLLM keeps asleep, and the CUDA
+      runtime, plus fragmentation;
+    - weight sync: the trainer's resident state, vLLM's woken weights, one gathered parameter and
+      vLLM's copy of the layer it is reloading (the embedding at most);
+    - rollout: the trainer's resident state and `utilization` of the device for vLLM, of which its
+      weights, its profiling peak and its CUDA graphs are not KV cache.
+    The trainer's resident state is what outlives a step: fp32 parameters and AdamW moments (sharded),
+    the reference in bf16 (the teacher methods' teacher in fp32); gradients are freed after the update."""
+    P, layer = param_count(c)
+    V, H, L = c["vocab_size"], c["hidden_size"], c["num_hidden_layers"]
+    root = V * H
+    tensors = memory_account(c, world_size, micro_tokens, ref_bytes=4 if teacher else 2, vllm_share=0,
+                             weight_sync=False)
+    one_layer = tensors["activations"] - L * micro_tokens * H * 2          # the recomputed layer's insides
+    resident = {k: tensors[k] for k in ("parameters (fp32, sharded)", "AdamW moments (fp32, sharded)",
+                                        "reference (sharded)")}
+    if teacher:
+        resident["teacher (fp32, sharded)"] = resident.pop("reference (sharded)")
+    fixed = lambda v: (v, v)
+    gb = lambda r: (r[0] * 1e9, r[1] * 1e9)
+    training = {**{k: fixed(v) for k, v in tensors.items() if v and k not in ("vLLM (weights + KV cache)",)},
+                "the tied embedding's second bf16 gradient": fixed(2 * root),
+                "fp32 reduce-scatter staging (a layer's .. the root's)": (4 * layer, 4 * (root + H)),
+                "the recomputed layer's backward temporaries": (one_layer, 2 * one_layer),
+                "vLLM asleep": gb(VLLM_ASLEEP), "CUDA runtime": gb(CUDA_RUNTIME)}
+    if teacher:
+        training["teacher (fp32, sharded)"] = training.pop("reference (sharded)")
+    vllm_weights = 2 * (P + (0 if c.get("tie_word_embeddings") else root))
+    sync = {**{k: fixed(v) for k, v in resident.items()}, "vLLM's weights (bf16)": fixed(vllm_weights),
+            "one gathered parameter + vLLM's copy of its layer": (2 * 2 * layer, 2 * 2 * root),
+            "vLLM asleep": gb(VLLM_ASLEEP), "CUDA runtime": gb(CUDA_RUNTIME)}
+    rollout = {**{k: fixed(v) for k, v in resident.items()},
+               f"vLLM: {utilization} of the device": fixed(utilization * device_bytes),
+               "CUDA runtime": gb(CUDA_RUNTIME)}
+    phases = {}
+    for name, parts in (("training", training), ("weight sync", sync), ("rollout", rollout)):
+        tensor_sum = [sum(v[i] for k, v in parts.items() if not k.startswith(("vLLM", "CUDA"))) for i in (0, 1)]
+        parts["fragmentation"] = (FRAGMENTATION[0] * tensor_sum[0], FRAGMENTATION[1] * tensor_sum[1])
+        phases[name] = parts
+    kv_bytes = [utilization * device_bytes - vllm_weights - 1e9 * (VLLM_PROFILE[i] + VLLM_GRAPHS[i]) for i in (1, 0)]
+    per_token = 2 * L * c["num_key_value_heads"] * c["head_dim"] * 2          # K and V, bf16
+    return phases, (kv_bytes[0] / per_token, kv_bytes[1] / per_token)
+
+
+def print_phases(phases, kv_tokens, device_bytes, sequences, max_tokens):
+    for name, parts in phases.items():
+        print(f"\n{name} phase{'':<44} {'GB low':>7} {'GB high':>8}")
+        for part, (low, high) in parts.items():
+            print(f"  {part:<52} {low / 1e9:>7.2f} {high / 1e9:>8.2f}")
+        low, high = (sum(v[i] for v in parts.values()) for i in (0, 1))
+        print(f"  {'total':<52} {low / 1e9:>7.2f} {high / 1e9:>8.2f}   of {device_bytes / 1e9:.0f}: "
+              f"margin {(device_bytes - high) / 1e9:.1f} to {(device_bytes - low) / 1e9:.1f}")
+    print(f"\nKV cache per rank: {kv_tokens[0] / 1e3:.0f}k to {kv_tokens[1] / 1e3:.0f}k tokens; a two-view step asks "
+          f"one rank for {sequences} sequences: {sequences * max_tokens / 1e3:.0f}k tokens at most, "
+          f"{sequences * 1150 / 1e3:.0f}k to {sequences * 1650 / 1e3:.0f}k at 1,000-1,500 response tokens on "
+          f"~150-token prompts")
 
 
 def print_account(parts, gpu_bytes):
@@ -327,8 +402,12 @@ def main():
 
     parts = args.parts.split(",")
     if "account" in parts or args.account_only:
-        print("Memory account per GPU: Qwen3-4B-Base, official preset, 8 x 80 GB, micro-batches of 16,384 tokens")
-        print_account(memory_account(QWEN3_4B), 80e9)
+        print("Memory per GPU: Qwen3-4B-Base, official preset, 8 x 80 GB, micro-batches of 16,384 tokens, vLLM at "
+              f"--gpu_memory_utilization {OFFICIAL_UTILIZATION} while it samples, asleep while the trainer trains")
+        for method, teacher in (("coreward1", False), ("coreward2 (teacher in fp32)", True)):
+            print(f"\n== {method}")
+            phases, kv = gpu_phases(QWEN3_4B, utilization=OFFICIAL_UTILIZATION, teacher=teacher)
+            print_phases(phases, kv, 80e9, sequences=(2 if not teacher else 1) * 128 // 8 * 8, max_tokens=512 + 3072)
     if args.account_only:
         return
 

@@ -207,3 +207,20 @@ def test_a_response_ends_at_the_generation_configs_eos_too(tiny_model_dir, tmp_p
     ended = engine.generate([prompt], n=1, temperature=0.0, max_tokens=8)[0][0]
     engine.close()
     assert ended.token_ids == first.token_ids[:1] and ended.finished
+
+
+def test_the_engine_arguments_on_a_cpu_and_on_a_gpu():
+    """One function builds vLLM's arguments; they differ in the KV cache's size, sleep mode, eager
+    execution, chunked prefill and batch limits, and agree in the rest (the external launcher, the
+    sampler's log-probs, no sampling defaults from the model folder)."""
+    from rollout import engine_arguments
+    common = dict(model="m", dtype="bfloat16", seed=0, max_model_len=512 + 3072, generation_config="vllm",
+                  logprobs_mode="processed_logprobs", distributed_executor_backend="external_launcher")
+    assert engine_arguments("m", 512, 3072, "bfloat16", on_gpu=True, gpu_memory_utilization=0.75) == \
+        {**common, "gpu_memory_utilization": 0.75, "enable_sleep_mode": True, "max_num_seqs": 256,
+         "max_num_batched_tokens": 8192}
+    assert engine_arguments("m", 512, 3072, "bfloat16", on_gpu=False, cpu_kv_cache_gib=2.0) == \
+        {**common, "enforce_eager": True, "kv_cache_memory_bytes": 2 * 2**30, "enable_chunked_prefill": False,
+         "max_num_batched_tokens": 3584}                    # a whole sequence fits: no chunked prefill on a CPU
+    assert engine_arguments("m", 64, 48, "float32", on_gpu=False)["max_num_batched_tokens"] == 2048   # vLLM's
+    assert engine_arguments("m", 10000, 48, "float32", on_gpu=True)["max_num_batched_tokens"] == 10000

@@ -167,9 +167,9 @@ def test_a_hub_id_is_resolved_from_the_cache_and_a_missing_folder_is_refused_at_
     with pytest.raises(FileNotFoundError, match="the folder holds no config.json"):
         run.model_folder_for_all_ranks("models")
     t0 = time.perf_counter()
-    with pytest.raises(FileNotFoundError, match=r"--model org/other is no folder here, and as a Hugging Face id it is "
-                                                r"neither in the cache .* nor could it be downloaded .*huggingface-cli "
-                                                r"download org/other"):
+    with pytest.raises(FileNotFoundError, match=r"--model org/other is no folder here, and as a Hugging Face id it "
+                                                r"is neither in the cache .* nor could it be downloaded "
+                                                r".*huggingface-cli download org/other"):
         run.model_folder_for_all_ranks("org/other")
     assert time.perf_counter() - t0 < 5
 
