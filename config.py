@@ -75,7 +75,7 @@ def values_of(name):
 # Every flag: (name, argparse options, help). values_of adds to each help the flag's values.
 FLAGS = [
     ("method", dict(choices=METHODS), "required, unless given by --resume's checkpoint"),
-    ("model", {}, "a Hugging Face model folder or id, such as Qwen/Qwen3-4B-Base (default: the classroom base model)"),
+    ("model", {}, "a Hugging Face model folder, or a hub id (org/name) (default: the classroom base model)"),
     ("preset", dict(choices=list(PRESETS)), "default: classroom without --model, else official"),
     ("data", {}, "'classroom', openrs, math, dapo, amc_ttt, a parquet of pairs, or a hub dataset id; with --views "
                  "original also a question set (.parquet/.json/.jsonl with question and answer columns) or a "

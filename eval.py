@@ -162,7 +162,6 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     import checkpoint
-    import run
     import world
     model = args.model or world.base_model_dir()
     out = args.out or default_out(model)
@@ -171,8 +170,7 @@ def main(argv=None):
                               f"or --out another folder. Nothing was run")
     with tempfile.TemporaryDirectory() as tmp:
         # a training checkpoint: its policy becomes a model folder first, which the engines load
-        model_dir = checkpoint.to_hf(model, tmp) if checkpoint.is_checkpoint(model) else \
-            run.model_folder_for_all_ranks(model)
+        model_dir = checkpoint.to_hf(model, tmp) if checkpoint.is_checkpoint(model) else model
         results = evaluate_model(model_dir, args)
     table = markdown_table(results, args.k)
     print(f"\n{model}, k={args.k}, temperature {args.temperature}, max_tokens {args.max_tokens}\n\n{table}")
@@ -191,8 +189,11 @@ def main(argv=None):
 
 
 def evaluate_model(model_dir, args):
+    """The results of the model in `model_dir` (a folder or a Hugging Face id) on args.benchmarks."""
     from transformers import AutoTokenizer
+    import run
     from rollout import make_engine
+    model_dir = run.model_folder_for_all_ranks(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sets = {name: benchmark_prompts(tokenizer, name, args.limit) for name in args.benchmarks}
     longest = max(len(p) for prompts, _ in sets.values() for p in prompts)

@@ -11,7 +11,8 @@ keeps a generator per row and does the same). Nothing is drawn from an engine's 
 so what a request samples depends on its seed alone: not on what the engine sampled since it
 started, nor on what else is in the batch, nor on the rank that asks. A run resumed from a
 checkpoint, with a fresh engine, therefore samples exactly what the uninterrupted run would have,
-and a question gets the same responses at 1 rank and at 8. `generate` refuses a sampled
+and a question gets the same responses at 1 rank and at 8: exactly on a CPU, and on a GPU up to
+the kernels' arithmetic, which depends on the batch a request shares. `generate` refuses a sampled
 (temperature > 0) request without a seed; greedy requests need none.
 
 `request_seed` derives a request's seed from who asks for what: the run's seed, the role (the

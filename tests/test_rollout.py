@@ -224,3 +224,40 @@ def test_the_engine_arguments_on_a_cpu_and_on_a_gpu():
          "max_num_batched_tokens": 3584}                    # a whole sequence fits: no chunked prefill on a CPU
     assert engine_arguments("m", 64, 48, "float32", on_gpu=False)["max_num_batched_tokens"] == 2048   # vLLM's
     assert engine_arguments("m", 10000, 48, "float32", on_gpu=True)["max_num_batched_tokens"] == 10000
+
+
+def test_a_sleeping_engine_wakes_its_weights_for_the_load_and_its_kv_cache_after():
+    """On a GPU (`sleeps`), the engine sleeps at level 2 after the rollouts, once however often asked;
+    the next load wakes the weights' memory, loads, then wakes the KV cache, as TRL does; a load into an
+    engine that is awake (the teacher's, before the policy's training phase) wakes nothing."""
+    import rollout
+
+    class RecordingLLM:
+        def __init__(self):
+            self.calls = []
+
+        def sleep(self, level):
+            self.calls.append(("sleep", level))
+
+        def wake_up(self, tags):
+            self.calls.append(("wake_up", tags))
+
+        def collective_rpc(self, method, kwargs):
+            if method == "reload_weights":
+                self.calls.append(("reload_weights", [name for name, _ in kwargs["weights_iterator"]]))
+                return [None]
+            return [{name: rollout.checksum(torch.ones(2)) for name in kwargs["names"]}]
+
+        def reset_prefix_cache(self):
+            self.calls.append(("reset_prefix_cache",))
+
+    engine = object.__new__(rollout.VLLMEngine)
+    engine.llm, engine.sleeps, engine.asleep, engine.loads, engine.dtype = RecordingLLM(), True, False, 0, torch.float32
+    engine.expected, engine.checkable = {"w": (2,)}, ["w"]
+    engine.sleep()
+    engine.sleep()
+    assert engine.load_weights([("w", torch.ones(2))]) is None
+    assert engine.load_weights([("w", torch.ones(2))]) is None
+    assert engine.llm.calls == [("sleep", 2), ("wake_up", ["weights"]), ("reload_weights", ["w"]),
+                                ("wake_up", ["kv_cache"]), ("reset_prefix_cache",),
+                                ("reload_weights", ["w"]), ("reset_prefix_cache",)]
