@@ -332,7 +332,7 @@ def restore(path, models, questions, args, rank):
     """Continue from the checkpoint `path`: its weights, optimizer and schedule go into `models`, its
     question order into `questions`, the engine gets the resumed policy, and rank 0 moves aside what
     the run wrote after it. Returns (the step it was written at, its wandb run id, its first steps' sampler
-    gap: None in a checkpoint from before the watch kept it, whose resumed run measures it afresh)."""
+    gaps: none in a checkpoint from before the watch kept them, whose resumed run measures them afresh)."""
     state = load_checkpoint(path, models.policy, models.optimizer, models.teacher)
     models.scheduler.load_state_dict(state["scheduler"])
     questions.load_state(state)
@@ -340,15 +340,15 @@ def restore(path, models, questions, args, rank):
     if rank == 0:
         prepare_resume(args.out, state["step"], args.steps)
         print(f"resumed from {path} (step {state['step']} of {args.steps})")
-    return state["step"], state.get("wandb_id"), state.get("sampler_gap_baseline")
+    return state["step"], state.get("wandb_id"), state.get("sampler_gap_first", [])
 
 
-def save_checkpoint(args, step, models, questions, wandb_id, fingerprints, tokenizer, rank, gap_baseline=None):
+def save_checkpoint(args, step, models, questions, wandb_id, fingerprints, tokenizer, rank, first_gaps=()):
     """checkpoint.save of everything the loop needs to go on exactly: weights, optimizer, schedule, the
-    question order and its random state, what a resume checks (the fingerprints), and the sampler gap
-    of the run's first steps (SamplerGapWatch)."""
+    question order and its random state, what a resume checks (the fingerprints), and the sampler gaps
+    of the run's first steps (SamplerGapWatch.first)."""
     trainer_state = {"scheduler": models.scheduler.state_dict(), **questions.state(), "wandb_id": wandb_id,
-                     "fingerprints": fingerprints, "sampler_gap_baseline": gap_baseline}
+                     "fingerprints": fingerprints, "sampler_gap_first": list(first_gaps)}
     t0 = time.perf_counter()
     path = checkpoint.save(args.out, step, models.policy, models.optimizer, models.teacher, trainer_state,
                            config_of(args), tokenizer, args.keep_last)
@@ -382,11 +382,16 @@ class SamplerGapWatch:
     (an engine that runs other weights altogether); after them, within --sampler_gap_factor times
     their mean. Across the committed classroom study (47 runs, up to 300 steps, collapses included) no
     step's gap exceeded twice its first steps'. The exact check of a sync is the engine's own
-    (rollout.py: what was sent, and a sample read back); this one watches what the samples show."""
+    (rollout.py: what was sent, and a sample read back); this one watches what the samples show.
+    `first` (the first steps' gaps) goes into checkpoints, so that a resumed run keeps its limit."""
     BASELINE_STEPS = 3
 
-    def __init__(self, limit, factor, baseline=None):
-        self.limit, self.factor, self.baseline, self.first = limit, factor, baseline, []
+    def __init__(self, limit, factor, first=()):
+        self.limit, self.factor, self.first = limit, factor, list(first)
+
+    @property
+    def baseline(self):
+        return sum(self.first) / len(self.first) if len(self.first) == self.BASELINE_STEPS else None
 
     def check(self, step, record):
         gap = record["sampler_gap"]
@@ -402,5 +407,3 @@ class SamplerGapWatch:
                                f"precision's kernels differ more")
         if self.baseline is None:
             self.first.append(gap)
-            if len(self.first) == self.BASELINE_STEPS:
-                self.baseline = sum(self.first) / len(self.first)

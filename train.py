@@ -250,9 +250,9 @@ def evaluate(step, engine, eval_set, args, device, log, rank):
     acc = accuracies(all_sum(sums, device), args.eval_k)
     log.write({"step": step, "eval_acc": acc["mean"], "eval_greedy": acc["greedy"], "eval_maj": acc["maj"]})
     if rank == 0:
-        sampled = f"mean@{args.eval_k} {acc['mean']:.3f}  " if args.eval_k else ""
-        tqdm.write(f"eval @ step {step}: {sampled}greedy {acc['greedy']:.3f}" +
-                   (f"  maj@{args.eval_k} {acc['maj']:.3f}" if args.eval_k else ""))
+        shown = [f"mean@{args.eval_k} {acc['mean']:.3f}"] * bool(args.eval_k) + [f"greedy {acc['greedy']:.3f}"] + \
+            [f"maj@{args.eval_k} {acc['maj']:.3f}"] * bool(args.eval_k)
+        tqdm.write(f"eval @ step {step}: " + "  ".join(shown))
 
 
 def main(argv=None):
@@ -284,7 +284,7 @@ def main(argv=None):
     questions, start, wandb_id = Questions.shuffled(pairs, args.seed), 0, secrets.token_hex(4)
     gap_watch = run.SamplerGapWatch(args.max_sampler_gap, args.sampler_gap_factor)
     if resume is not None:
-        start, saved_id, gap_watch.baseline = run.restore(resume, models, questions, args, rank)
+        start, saved_id, gap_watch.first = run.restore(resume, models, questions, args, rank)
         wandb_id = saved_id or wandb_id                           # kept in checkpoints: a resumed run continues it
     wandb_run = run.start_wandb(args.wandb, wandb_id, config.config_of(args)) if args.wandb and rank == 0 else None
     log = run.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0, resume_step=start if resume else None,
@@ -311,7 +311,7 @@ def main(argv=None):
             stopped = signals.agreed(device) and step < args.steps          # at the last step, simply finish
             if stopped or (args.save_every and (step % args.save_every == 0 or step == args.steps)):
                 run.save_checkpoint(args, step, models, questions, wandb_id, fingerprints, tokenizer, rank,
-                                    gap_watch.baseline)
+                                    gap_watch.first)
             if stopped:
                 if rank == 0:
                     print(f"stopped after step {step} of {args.steps}; continue with: --out {args.out} --resume")

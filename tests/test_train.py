@@ -277,14 +277,14 @@ def test_the_sampler_gap_limit_follows_the_runs_first_steps():
     watch = SamplerGapWatch(limit=0.1, factor=5.0)
     for step, gap in enumerate([0.02, 0.04, 0.03], 1):
         watch.check(step, {"sampler_gap": gap})
-    assert watch.baseline == pytest.approx(0.03)
+    assert watch.baseline == pytest.approx(0.03) and SamplerGapWatch(0.1, 5.0, watch.first).baseline == watch.baseline
     watch.check(4, {"sampler_gap": 0.149})                       # under 5 x 0.03
     with pytest.raises(RuntimeError, match=r"step 5: .* by 0.151 per token \(> --sampler_gap_factor 5.0 x 0.03"):
         watch.check(5, {"sampler_gap": 0.151})
     with pytest.raises(RuntimeError, match=r"step 1: .* by 0.2 per token \(> --max_sampler_gap 0.1"):
         SamplerGapWatch(limit=0.1, factor=5.0).check(1, {"sampler_gap": 0.2})
     with pytest.raises(RuntimeError, match="by nan"):
-        SamplerGapWatch(limit=0.1, factor=5.0, baseline=1e-7).check(9, {"sampler_gap": float("nan")})
+        SamplerGapWatch(limit=0.1, factor=5.0, first=[1e-7] * 3).check(9, {"sampler_gap": float("nan")})
 
 
 def test_a_non_finite_loss_stops_the_run_before_the_weights_move(tmp_path, monkeypatch):
