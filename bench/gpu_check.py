@@ -54,15 +54,16 @@ def train_briefly(method, backend, steps, out):
     med = lambda key: statistics.median(r[key] for r in steps_[1:] or steps_)
     print(f"\n== {method} ({backend}, bf16, {steps} steps, {seconds:.0f} s in all)")
     print(f"peak memory: torch allocated {gib(torch.cuda.max_memory_allocated())}, reserved "
-          f"{gib(torch.cuda.max_memory_reserved())}; the device: {gib(total)} in all, {gib(total - free_before)} in use "
-          f"before the run")
+          f"{gib(torch.cuda.max_memory_reserved())}; the device: {gib(total)} in all, "
+          f"{gib(total - free_before)} in use before the run")
     print(f"per step (median of steps 2..): t_rollout {med('t_rollout'):.2f} s, t_train {med('t_train'):.2f} s, "
           f"t_sync {med('t_sync'):.3f} s; first step {steps_[0]['t_rollout']:.2f} / {steps_[0]['t_train']:.2f} / "
           f"{steps_[0]['t_sync']:.3f} s")
     print("bf16 sampler gap per step: " + ", ".join(f"{r['sampler_gap']:.4f}" for r in steps_))
     print(f"weight sync: {len(steps_) * (2 if method == 'coreward2' else 1)} checked loads, none failed "
           f"(a failed one stops the run with WeightSyncError)")
-    print("eval: " + ", ".join(f"step {r['step']} greedy {r['eval_greedy']:.3f}" for r in records if "eval_greedy" in r))
+    print("eval: " + ", ".join(f"step {r['step']} greedy {r['eval_greedy']:.3f}" for r in records
+                               if "eval_greedy" in r))
 
 
 def engine_checks(backend):
@@ -75,7 +76,8 @@ def engine_checks(backend):
         where = engine.llm.collective_rpc(lambda worker: (worker.local_rank, str(worker.device)))[0]
         cache = engine.llm.llm_engine.vllm_config.cache_config
         print(f"worker: local rank {where[0]} on {where[1]} (LOCAL_RANK {os.environ.get('LOCAL_RANK')}); KV cache "
-              f"{cache.num_gpu_blocks} blocks of {cache.block_size} = {cache.num_gpu_blocks * cache.block_size:,} tokens")
+              f"{cache.num_gpu_blocks} blocks of {cache.block_size} = "
+              f"{cache.num_gpu_blocks * cache.block_size:,} tokens")
         free = torch.cuda.mem_get_info()[0]
         engine.sleep()
         print(f"asleep: {gib(torch.cuda.mem_get_info()[0] - free)} freed")

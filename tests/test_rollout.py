@@ -252,7 +252,8 @@ def test_a_sleeping_engine_wakes_its_weights_for_the_load_and_its_kv_cache_after
             self.calls.append(("reset_prefix_cache",))
 
     engine = object.__new__(rollout.VLLMEngine)
-    engine.llm, engine.sleeps, engine.asleep, engine.loads, engine.dtype = RecordingLLM(), True, False, 0, torch.float32
+    engine.llm, engine.sleeps, engine.asleep, engine.loads = RecordingLLM(), True, False, 0
+    engine.dtype = torch.float32
     engine.expected, engine.checkable = {"w": (2,)}, ["w"]
     engine.sleep()
     engine.sleep()
