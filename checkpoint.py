@@ -259,4 +259,29 @@ def to_hf(path, dst):
     from transformers import AutoTokenizer
     read_model(path).save_pretrained(dst)
     AutoTokenizer.from_pretrained(os.path.join(path, "hf")).save_pretrained(dst)
+    mark_model_folder(dst, read_config(path)["preset"])
     return dst
+
+
+RUN_MARK = "nanocoreward.json"       # in a model folder a run wrote (final/, to_hf): the run's preset
+
+
+def mark_model_folder(folder, preset):
+    """Write RUN_MARK into a model folder this project wrote: the preset a run from it takes (config.preset_of)."""
+    with open(os.path.join(folder, RUN_MARK), "w") as f:
+        json.dump({"preset": preset}, f)
+
+
+if __name__ == "__main__":
+    # python checkpoint.py OUT/checkpoints/step_S MODEL_DIR: the checkpoint's policy as a model folder
+    import argparse
+    ap = argparse.ArgumentParser(description="Write a training checkpoint's policy as a Hugging Face model folder "
+                                             "(transformers, vLLM, eval.py and train.py --model load it).")
+    ap.add_argument("checkpoint", help="OUT/checkpoints/step_S")
+    ap.add_argument("out", help="the model folder to write (must not exist)")
+    args = ap.parse_args()
+    if not is_checkpoint(args.checkpoint):
+        ap.error(f"{args.checkpoint} is not a complete checkpoint folder (OUT/checkpoints/step_S)")
+    if os.path.exists(args.out):
+        ap.error(f"{args.out} exists; choose another folder")
+    print(f"wrote {to_hf(args.checkpoint, args.out)}")

@@ -3,9 +3,12 @@
 A setting comes from the first of: the flag on the command line; the method's values
 (METHOD_DEFAULTS: a method is a set of argument values); the preset's (PRESETS: `classroom`, the
 default with no --model, runs the tiny world of world.py; `official`, the default with --model,
-is the paper's recipe as the official scripts run it); DEFAULTS, for what no preset sets.
-`python train.py --help` prints each flag's value in each preset and method, generated from these
-tables.
+is the paper's recipe as the official scripts run it; a model folder a run of this project wrote
+keeps that run's preset: `preset_of`); DEFAULTS, for what no preset sets. `python train.py --help`
+prints each flag's value in each preset and method, generated from these tables.
+
+A mistake in what was asked for raises a UsageError: train.py prints its message alone and exits
+with status 2 (`exit_on_usage_error`).
 
 `--resume` continues a run with its checkpoint's configuration (`resume_settings`): flags given
 again must agree with it, except those in MAY_CHANGE_ON_RESUME. Settings that cannot work (a group
@@ -14,9 +17,42 @@ before any compute (`check_settings`).
 """
 import argparse
 import os
+import sys
 
 import checkpoint
 from rewards import METHODS, TEACHER_METHODS, TWO_VIEW_METHODS
+
+class UsageError(Exception):
+    """A mistake in what was asked for (a setting, a path, data that cannot be read, a folder in use),
+    found before anything ran: train.py and eval.py print its message alone, without a traceback, and
+    exit with status 2 (`exit_on_usage_error`). The subclasses keep the built-in types callers test."""
+
+
+class RefusedSetting(UsageError, ValueError):
+    pass
+
+
+class InputError(UsageError, ValueError):
+    pass
+
+
+class MissingInput(UsageError, FileNotFoundError):
+    pass
+
+
+class FolderInUse(UsageError, FileExistsError):
+    pass
+
+
+def exit_on_usage_error(main, program):
+    """Run main(); a UsageError becomes one line on stderr, from the first rank only, and status 2."""
+    try:
+        return main()
+    except UsageError as e:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"{program}: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
 
 PRESETS = {
     "classroom": dict(
@@ -57,7 +93,7 @@ MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_ga
 # Flags added after runs that may be resumed were checkpointed: the value those runs had.
 ADDED_SINCE = dict(compile_layers=False, sampler_gap_factor=5.0)
 # Flags that say how to start this process, not what the run is: not part of its configuration.
-NOT_CONFIG = ("resume", "overwrite")
+NOT_CONFIG = ("resume", "overwrite", "preset_reason")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
 
 
@@ -85,7 +121,7 @@ FLAGS = [
     ("teacher_prompts", dict(choices=TEACHER_PROMPTS), "what the EMA teacher answers: the policy's own prompts "
                                                        "('same') or their rephrasings ('rephrased')"),
     ("eval_data", {}, "'classroom', a shipped benchmark (math500, gsm8k, amc, amc23, aime24, aime25) or math5000"),
-    ("out", {}, "output folder (default: runs/METHOD)"),
+    ("out", {}, "output folder (default: runs/METHOD; with --model, runs/METHOD-NAME: config.default_out)"),
     ("overwrite", dict(action="store_true"), "replace the outputs of an earlier run in --out"),
     ("resume", dict(nargs="?", const=LATEST, metavar="CHECKPOINT"),
      "continue the run in --out from its latest checkpoint, or from the CHECKPOINT folder named"),
@@ -156,13 +192,38 @@ def parse_args(argv=None, description=None):
     args = ap.parse_args(argv)
     if args.method is None and args.resume is None:
         ap.error("the following arguments are required: --method")
-    args.preset = args.preset or ("classroom" if args.model is None else "official")
+    args.preset, args.preset_reason = (args.preset, "--preset") if args.preset else preset_of(args.model)
     preset = {**DEFAULTS, **PRESETS[args.preset], **METHOD_DEFAULTS.get(args.method, {})}     # later ones win
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    args.out = args.out or (args.method and os.path.join("runs", args.method))
+    args.out = args.out or (args.method and default_out(args.method, args.model))
     return args
+
+
+def default_out(method, model):
+    """runs/METHOD for the classroom model; with --model, runs/METHOD-NAME, NAME being the model's last
+    path part (the one before a final/ or a checkpoint's folders), so that runs of different models, the
+    documented commands among them, never share a folder."""
+    if model is None:
+        return os.path.join("runs", method)
+    parts = [p for p in os.path.normpath(model).split(os.sep) if p not in ("", ".")]
+    while len(parts) > 1 and (parts[-1] in ("final", "checkpoints") or parts[-1].startswith("step_")):
+        parts.pop()
+    return os.path.join("runs", f"{method}-{parts[-1] if parts else 'model'}")
+
+
+def preset_of(model):
+    """(the preset a run without --preset takes, why): classroom without --model; the preset of the run that
+    wrote a model folder (its checkpoint.RUN_MARK); official for any other model, a hub id included."""
+    if model is None:
+        return "classroom", "no --model: the classroom world"
+    mark = os.path.join(os.path.expanduser(model), checkpoint.RUN_MARK)
+    if os.path.isfile(mark):
+        import json
+        preset = json.load(open(mark))["preset"]
+        return preset, f"the preset of the run that wrote {model} ({checkpoint.RUN_MARK})"
+    return "official", "--model: the paper's recipe (--preset classroom for the classroom's settings)"
 
 
 def given_flags(argv=None):
@@ -179,7 +240,7 @@ def resume_settings(args, given):
     """(settings, checkpoint path) of `--resume`: the checkpoint's configuration, with the flags given
     now checked against it. A flag outside MAY_CHANGE_ON_RESUME that differs stops the run."""
     def refuse(message):
-        raise ValueError(f"{message}; nothing was run")
+        raise RefusedSetting(f"{message}; nothing was run")
     if args.overwrite:
         refuse("--resume continues the run in its folder and --overwrite would delete it: give one or the other")
     if args.resume == LATEST:
@@ -187,13 +248,13 @@ def resume_settings(args, given):
             refuse("--resume needs --out (the run's folder), or --method for the default runs/METHOD")
         path = checkpoint.latest(args.out)
         if path is None:
-            raise FileNotFoundError(f"--resume: {args.out} holds no complete checkpoint (checkpoints/step_S); "
+            raise MissingInput(f"--resume: {args.out} holds no complete checkpoint (checkpoints/step_S); "
                                     f"nothing to continue. Start the run without --resume")
         out = args.out
     else:
         path = os.path.normpath(args.resume)
         if not checkpoint.is_checkpoint(path):
-            raise FileNotFoundError(f"--resume {args.resume}: not a complete checkpoint folder (one holds trainer.pt "
+            raise MissingInput(f"--resume {args.resume}: not a complete checkpoint folder (one holds trainer.pt "
                                     f"and config.json, as OUT/checkpoints/step_S does)")
         out = os.path.dirname(os.path.dirname(path))
         in_its_run = os.path.basename(os.path.dirname(path)) == "checkpoints"
@@ -223,7 +284,7 @@ def resume_settings(args, given):
 def check_settings(args, world_size):
     """Refuse, before any compute, settings that cannot work."""
     def refuse(message):
-        raise ValueError(f"{message}; nothing was run")
+        raise RefusedSetting(f"{message}; nothing was run")
     if not 0 < args.gpu_memory_utilization < 1:
         refuse(f"--gpu_memory_utilization {args.gpu_memory_utilization} must be between 0 and 1: the share of each "
                f"GPU vLLM takes; the trainer needs the rest")
@@ -258,6 +319,10 @@ def check_settings(args, world_size):
         refuse(f"--teacher_prompts rephrased has the EMA teacher answer the rephrasings of the original questions "
                f"the policy trains on: it needs a teacher method ({', '.join(TEACHER_METHODS)}) and --views "
                f"original, not --method {args.method} --views {args.views}")
+    if getattr(args, "wandb", None):
+        import importlib.util
+        if "wandb" not in sys.modules and importlib.util.find_spec("wandb") is None:
+            refuse(f"--wandb {args.wandb} needs the wandb package: pip install wandb (or drop --wandb)")
     if args.questions_per_step % world_size:
         refuse(f"--questions_per_step {args.questions_per_step} must be divisible by the {world_size} ranks")
     views = 2 if args.views == "both" else 1

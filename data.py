@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from answers import extract_answer
+from config import InputError, MissingInput
 
 SYSTEM_PROMPT = "Let's think step by step and output the final answer within \\boxed{}."
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -77,7 +78,7 @@ class Problem:
 
 def question_text(value, where):
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{where}: the question must be a non-empty string, got {value!r:.80}")
+        raise InputError(f"{where}: the question must be a non-empty string, got {value!r:.80}")
     return value
 
 
@@ -100,15 +101,15 @@ def answer_text(value, where):
     elif isinstance(value, numbers.Real) and not isinstance(value, bool):
         value = str(int(value)) if float(value).is_integer() else format(Decimal(repr(float(value))), "f")
     if not isinstance(value, str):
-        raise ValueError(f"{where}: the gold answer must be text or a number, got {value!r:.80}")
+        raise InputError(f"{where}: the gold answer must be text or a number, got {value!r:.80}")
     value = value.strip()
     if "\\boxed" in value or "\\fbox" in value:
         boxed = extract_answer(value)
         if boxed is None:
-            raise ValueError(f"{where}: the gold answer's last \\boxed{{}} is empty or unclosed: {value[-80:]!r}")
+            raise InputError(f"{where}: the gold answer's last \\boxed{{}} is empty or unclosed: {value[-80:]!r}")
         value = boxed
     elif len(_WORD.findall(value)) > WORKED_SOLUTION_WORDS:
-        raise ValueError(f"{where}: the gold answer looks like a worked solution ({len(_WORD.findall(value))} words, "
+        raise InputError(f"{where}: the gold answer looks like a worked solution ({len(_WORD.findall(value))} words, "
                          f"no \\boxed{{}}): {value[:80]!r}...; give a column with the final answer")
     if re.fullmatch(r"-?\d+(\.0*)?", value):          # 142.0, 025 -> 142, 25
         value = str(int(value.split(".")[0]))
@@ -119,7 +120,7 @@ def gsm8k_answer(solution, where):
     """GSM8K's answer is the number after the last `####`, written with thousands commas."""
     match = re.search(r"####\s*(\S.*?)\s*$", solution if isinstance(solution, str) else "")
     if match is None:
-        raise ValueError(f"{where}: no '#### answer' at the end of {solution!r:.80}")
+        raise InputError(f"{where}: no '#### answer' at the end of {solution!r:.80}")
     return answer_text(match.group(1).replace(",", ""), where)
 
 
@@ -128,13 +129,13 @@ def verl_question(prompt, where):
     users = [m.get("content") for m in (prompt if prompt is not None else [])
              if isinstance(m, dict) and m.get("role") == "user"]
     if not users:
-        raise ValueError(f"{where}: `prompt` has no user message: {prompt!r:.120}")
+        raise InputError(f"{where}: `prompt` has no user message: {prompt!r:.120}")
     return question_text(users[-1], where)
 
 
 def verl_answer(reward_model, where):
     if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
-        raise ValueError(f"{where}: missing ground truth: `reward_model` has no 'ground_truth': {reward_model!r:.80}")
+        raise InputError(f"{where}: missing ground truth: `reward_model` has no 'ground_truth': {reward_model!r:.80}")
     return answer_text(reward_model["ground_truth"], where)
 
 # ------------------------------------------------------------------ training data
@@ -155,7 +156,7 @@ def load_training(source, views):
     else:
         pairs = load_pairs(source)
     if views == "both" and any(p.rephrased is None for p in pairs):
-        raise ValueError(f"--data {source} has no rephrased questions, and --views both samples each question's "
+        raise InputError(f"--data {source} has no rephrased questions, and --views both samples each question's "
                          f"rephrasing too: give a pair file (columns {list(PAIR_COLUMNS)}; rephrase.py makes one), "
                          f"or --views original (not for coreward1/coreward3, which need the twins)")
     return pairs, test_time
@@ -164,7 +165,7 @@ def load_training(source, views):
 def json_records(path):
     """The rows of a JSON file (a list of objects) or a JSONL file (an object per line)."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"no question file {path!r}")
+        raise MissingInput(f"no question file {path!r}")
     with open(path) as f:
         return json.load(f) if path.endswith(".json") else [json.loads(line) for line in f if line.strip()]
 
@@ -172,18 +173,18 @@ def json_records(path):
 def question_set(path, records):
     """Plain questions (no rephrasings) from the rows of a question file."""
     if not isinstance(records, list) or not records:
-        raise ValueError(f"{path}: expected a non-empty list of rows")
+        raise InputError(f"{path}: expected a non-empty list of rows")
     columns = set(records[0]) if isinstance(records[0], dict) else set()
     question = next((c for c in QUESTION_COLUMNS if c in columns), None)
     answer = next((c for c in ANSWER_COLUMNS if c in columns), None)
     if question is None or answer is None:
-        raise ValueError(f"{path}: a question set needs a question column (one of {list(QUESTION_COLUMNS)}) and an "
+        raise InputError(f"{path}: a question set needs a question column (one of {list(QUESTION_COLUMNS)}) and an "
                          f"answer column (one of {list(ANSWER_COLUMNS)}); its columns are {sorted(columns)}")
     pairs = []
     for i, record in enumerate(records):
         where = f"{path}: row {i}"
         if not isinstance(record, dict):
-            raise ValueError(f"{where}: expected an object with {question!r} and {answer!r}, got {record!r:.80}")
+            raise InputError(f"{where}: expected an object with {question!r} and {answer!r}, got {record!r:.80}")
         pairs.append(Pair(question_text(record.get(question), f"{where}: {question}"), None,
                           answer_text(record.get(answer), where)))
     return report_unlabeled(pairs, path)
@@ -200,14 +201,14 @@ def load_pairs(source):
         return pairs_from_frame(read_parquet(source), source)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
         return pairs_from_frame(hub_frame(source), source)
-    raise ValueError(f"unknown training data {source!r}: use one of "
+    raise InputError(f"unknown training data {source!r}: use one of "
                      f"{list(SHIPPED_PAIRS) + list(SHIPPED_VERL_PAIRS)}, a parquet path or a hub dataset id")
 
 
 def read_parquet(path):
     import pandas as pd
     if not os.path.exists(path):
-        raise FileNotFoundError(f"no parquet file {path!r}")
+        raise MissingInput(f"no parquet file {path!r}")
     return pd.read_parquet(path)
 
 
@@ -224,9 +225,9 @@ def pairs_from_frame(frame, name):
     """Pairs from a table with the OpenRS pair columns."""
     missing = [c for c in PAIR_COLUMNS if c not in frame.columns]
     if missing:
-        raise ValueError(f"{name}: missing column(s) {missing}; a pair file needs {list(PAIR_COLUMNS)}")
+        raise InputError(f"{name}: missing column(s) {missing}; a pair file needs {list(PAIR_COLUMNS)}")
     if not len(frame):
-        raise ValueError(f"{name}: no pairs in the file")
+        raise InputError(f"{name}: no pairs in the file")
     pairs = []
     for i, (q, r, a) in enumerate(frame[list(PAIR_COLUMNS)].itertuples(index=False)):
         where = f"{name}: row {i}"
@@ -239,12 +240,12 @@ def verl_pairs(original_path, rephrased_path):
     """Pairs from two verl parquets, the originals and their rephrasings, joined by row."""
     original, rephrased = verl_rows(original_path), verl_rows(rephrased_path)
     if len(original) != len(rephrased):
-        raise ValueError(f"misaligned pair files: {original_path} has {len(original)} rows, "
+        raise InputError(f"misaligned pair files: {original_path} has {len(original)} rows, "
                          f"{rephrased_path} has {len(rephrased)}")
     pairs = []
     for i, ((q, a), (r, b)) in enumerate(zip(original, rephrased)):
         if a != b:
-            raise ValueError(f"misaligned pair files: row {i}: ground truth {a!r} in {original_path} "
+            raise InputError(f"misaligned pair files: row {i}: ground truth {a!r} in {original_path} "
                              f"but {b!r} in {rephrased_path}")
         pairs.append(Pair(q, r, a))
     return report_unlabeled(pairs, original_path)
@@ -255,9 +256,9 @@ def verl_rows(path):
     frame = read_parquet(path)
     missing = [c for c in ("prompt", "reward_model") if c not in frame.columns]
     if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; a verl file needs 'prompt' and 'reward_model'")
+        raise InputError(f"{path}: missing column(s) {missing}; a verl file needs 'prompt' and 'reward_model'")
     if not len(frame):
-        raise ValueError(f"{path}: no rows in the file")
+        raise InputError(f"{path}: no rows in the file")
     return [(verl_question(p, f"{path}: row {i}"), verl_answer(r, f"{path}: row {i}"))
             for i, (p, r) in enumerate(zip(frame["prompt"].tolist(), frame["reward_model"].tolist()))]
 
@@ -280,7 +281,7 @@ def classroom_pairs(split):
 def load_benchmark(name, limit=None):
     """The first `limit` (default: all) problems of a shipped benchmark, as `Problem`s."""
     if name not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
+        raise InputError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
     file, field = BENCHMARKS[name]
     path = os.path.join(DATA_DIR, file)
     if field is None:
@@ -291,13 +292,13 @@ def load_benchmark(name, limit=None):
         rows = [benchmark_row(r, field, name == "gsm8k", f"{path}: row {i}") for i, r in enumerate(records[:limit])]
     for i, (_, answer) in enumerate(rows):
         if answer is None:
-            raise ValueError(f"{path}: row {i}: missing ground truth: the answer is empty or absent")
+            raise InputError(f"{path}: row {i}: missing ground truth: the answer is empty or absent")
     return [Problem(q, a) for q, a in rows]
 
 
 def benchmark_row(record, field, gsm8k, where):
     if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {record!r:.80}")
+        raise InputError(f"{where}: expected a JSON object, got {record!r:.80}")
     question = question_text(record.get(field), f"{where}: {field}")
     answer = gsm8k_answer(record.get("answer"), where) if gsm8k else answer_text(record.get("answer"), where)
     return question, answer
@@ -324,5 +325,5 @@ def drop_long(pairs, encode, max_prompt_len):
     if len(kept) < len(pairs):
         print(f"dropped {len(pairs) - len(kept)} of {len(pairs)} pairs whose prompt exceeds {max_prompt_len} tokens")
     if not kept:
-        raise ValueError(f"every pair's prompt exceeds --max_prompt_len {max_prompt_len}")
+        raise InputError(f"every pair's prompt exceeds --max_prompt_len {max_prompt_len}")
     return kept

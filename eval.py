@@ -13,7 +13,7 @@ evaluation), and prints each next to the paper's Table 8 for the seed model (Qwe
 OpenRS). pass@1 is reported as avg@8, the same expectation with less variance.
 
 `eval_counts` returns sums, not means, so that ranks evaluating disjoint shares of the
-questions can add them up; `accuracies` turns the sums into fractions (avg@k is "mean").
+questions can add them up; `accuracies` turns the sums into fractions.
 
     python eval.py --model runs/coreward1/final          # the classroom test split
     python eval.py --model runs/coreward1/checkpoints/step_40      # a training checkpoint
@@ -49,7 +49,7 @@ PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55),
 
 
 def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM_MAX_TOKENS, seed=0, indices=None):
-    """Sums over this share of the questions: {"n", "greedy", "mean", "maj"}. `indices` are the
+    """Sums over this share of the questions: {"n", "greedy", "avg", "maj"}. `indices` are the
     questions' places in the benchmark (default 0, 1, ...): question i samples with the seed
     rollout.request_seed(seed, "eval", 0, i), so a share gives what the whole would. The step is
     left out of the seed: every evaluation of a run samples each question from the same streams,
@@ -60,11 +60,11 @@ def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASS
     greedy = engine.generate(prompt_ids, n=1, temperature=0.0, max_tokens=max_tokens)
     sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens, seeds=seeds) if k else \
         [[] for _ in prompt_ids]                  # k = 0: greedy only, as the official scripts validate
-    sums = {"n": len(gold), "greedy": 0.0, "mean": 0.0, "maj": 0.0}
+    sums = {"n": len(gold), "greedy": 0.0, "avg": 0.0, "maj": 0.0}
     for g, group, answer in zip(greedy, sampled, gold):
         answers = [extract_answer(s.text) for s in group]
         sums["greedy"] += is_equiv(extract_answer(g[0].text), answer)
-        sums["mean"] += sum(is_equiv(a, answer) for a in answers) / max(k, 1)
+        sums["avg"] += sum(is_equiv(a, answer) for a in answers) / max(k, 1)
         sums["maj"] += bool(answers) and is_equiv(majority_vote(answers), answer)
     return sums
 
@@ -72,7 +72,7 @@ def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASS
 def accuracies(sums, k):
     """Fractions of the sums; avg@k and maj@k are None when nothing was sampled (k = 0)."""
     n, sampled = max(sums["n"], 1), k > 0
-    return {"greedy": sums["greedy"] / n, "mean": sums["mean"] / n if sampled else None,
+    return {"greedy": sums["greedy"] / n, "avg": sums["avg"] / n if sampled else None,
             "maj": sums["maj"] / n if sampled else None}
 
 
@@ -99,7 +99,7 @@ def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None):
 def markdown_table(results, k):
     lines = [f"| benchmark | n | greedy | avg@{k} | maj@{k} |", "|---|---|---|---|---|"]
     shown = lambda value: "–" if value is None else f"{value:.3f}"         # avg@k and maj@k at k = 0
-    lines += [f"| {name} | {r['n']} | {shown(r['greedy'])} | {shown(r['mean'])} | {shown(r['maj'])} |"
+    lines += [f"| {name} | {r['n']} | {shown(r['greedy'])} | {shown(r['avg'])} | {shown(r['maj'])} |"
               for name, r in results.items()]
     return "\n".join(lines)
 
@@ -109,7 +109,7 @@ def paper_lines(results):
     lines = ["| metric | this model | " + " | ".join(PAPER_TABLE8) + " |", "|---|---|" + "---|" * len(PAPER_TABLE8)]
     for column, (name, metric) in enumerate(PAPER_BENCHMARKS.items()):
         paper = " | ".join(f"{row[column]:.2f}" for row in PAPER_TABLE8.values())
-        lines.append(f"| {metric} | {100 * results[name]['mean']:.2f} | {paper} |")
+        lines.append(f"| {metric} | {100 * results[name]['avg']:.2f} | {paper} |")
     return "\n".join(lines)
 
 
@@ -162,11 +162,12 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     import checkpoint
+    import config
     import world
     model = args.model or world.base_model_dir()
     out = args.out or default_out(model)
     if os.path.exists(os.path.join(out, "results.json")) and not args.overwrite:
-        raise FileExistsError(f"{out} already holds results (results.json); pass --overwrite to replace them, "
+        raise config.FolderInUse(f"{out} already holds results (results.json); pass --overwrite to replace them, "
                               f"or --out another folder. Nothing was run")
     with tempfile.TemporaryDirectory() as tmp:
         # a training checkpoint: its policy becomes a model folder first, which the engines load
@@ -210,4 +211,5 @@ def evaluate_model(model_dir, args):
 
 
 if __name__ == "__main__":
-    main()
+    import config
+    config.exit_on_usage_error(main, "eval.py")

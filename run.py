@@ -1,8 +1,10 @@
 """What a run needs beyond the algorithm: its folder, its log, its checkpoints and its stops.
 
-- **The folder** (--out) is the run's own. `take_folder` locks it before anything slow, for as
-  long as the process lives, and refuses a folder that holds an earlier run unless given
-  --overwrite (which removes its outputs) or --resume (which continues it).
+- **The folder** (--out) is the run's own. `lock_out` locks it before anything slow, for as
+  long as the process lives, and `earlier_outputs` refuses a folder that holds an earlier run
+  unless given --overwrite or --resume (which continues it). --overwrite removes the earlier
+  run's outputs (`remove_outputs`) only once every input of the new run has been read and
+  checked: a typo in --data or --model loses nothing.
 - **Outputs**: metrics.jsonl (a line per step; a line per evaluation), config.json (the resolved
   configuration), checkpoints/step_S/ (every --save_every steps and at the last; see
   checkpoint.py) and final/ (the trained model, loadable by transformers and vLLM).
@@ -30,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from tqdm import tqdm
 
 import checkpoint
-from config import config_of
+from config import FolderInUse, InputError, MissingInput, config_of
 
 
 RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints")
@@ -69,7 +71,7 @@ def lock_out(out, rank):
     box = [error]
     dist.broadcast_object_list(box, src=0)
     if box[0] is not None:
-        raise FileExistsError(box[0])
+        raise FolderInUse(box[0])
     if rank != 0:
         workers = open(os.path.join(out, WORKERS_LOCK), "a+")
         fcntl.flock(workers, fcntl.LOCK_SH)
@@ -77,16 +79,22 @@ def lock_out(out, rank):
     return held
 
 
-def claim_out(out, overwrite, rank):
-    """Refuse an --out that holds an earlier run's outputs, or with --overwrite remove them.
+def earlier_outputs(out, overwrite, rank):
+    """What an earlier run left in --out (RUN_OUTPUTS): refused unless given --overwrite, in which case
+    they are returned, for `remove_outputs` to delete once the run's inputs have passed their checks.
     Rank 0 looks and every rank gets its answer, so that all ranks stop or go on together."""
     found = [name for name in RUN_OUTPUTS if os.path.exists(os.path.join(out, name))] if rank == 0 else None
     box = [found]
     dist.broadcast_object_list(box, src=0)
     found = box[0]
     if found and not overwrite:
-        raise FileExistsError(f"--out {out} already holds a run ({', '.join(found)}); pass --resume to continue it, "
+        raise FolderInUse(f"--out {out} already holds a run ({', '.join(found)}); pass --resume to continue it, "
                               f"--overwrite to replace it, or choose another --out")
+    return found
+
+
+def remove_outputs(out, found, rank):
+    """--overwrite: delete the earlier run's outputs (`earlier_outputs`), never the locks (rank 0)."""
     if found and rank == 0:
         for name in found:
             path = os.path.join(out, name)
@@ -235,6 +243,21 @@ def load_checkpoint(path, policy, optimizer, teacher):
                            f"or move {path} away") from e
 
 
+def finished(path, args):
+    """--resume of a run that is done: its checkpoint `path` is of the last step and final/ holds its model.
+    Says so (first rank) and returns True; nothing is changed. A run cannot be extended, as its length sets
+    its learning-rate and EMA schedules: a longer run starts from its final/ with --model."""
+    step = checkpoint.read_trainer_state(path)["step"]
+    final = os.path.join(args.out, "final")
+    if step < args.steps or not os.path.isdir(final):
+        return False
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"--resume: the run in {args.out} is finished (its checkpoint {path} is of step {step} of {args.steps}, "
+              f"and {final} holds its model); nothing to do. A run's length sets its schedules, so it is not "
+              f"extended: train further from {final} with --model, into another --out")
+    return True
+
+
 def check_fingerprints(path, now):
     """Refuse to resume checkpoint `path` on other training questions or another start model."""
     saved = checkpoint.read_trainer_state(path).get("fingerprints")
@@ -244,7 +267,7 @@ def check_fingerprints(path, now):
         return
     changes = checkpoint.fingerprint_changes(saved, now)
     if changes:
-        raise ValueError(f"--resume {path}: the run's inputs changed since the checkpoint: " + "; ".join(changes)
+        raise InputError(f"--resume {path}: the run's inputs changed since the checkpoint: " + "; ".join(changes)
                          + ". Resume with the data and model it was trained on, or start a new run; nothing was run")
 
 
@@ -265,15 +288,6 @@ def prepare_resume(out, step, steps):
           f"into {aside}; delete that folder once it is not wanted")
 
 
-def take_folder(out, rank, resume, overwrite):
-    """Lock --out for this run (`lock_out`) and, unless it resumes, claim it (`claim_out`). Returns
-    the open lock files, which must stay open for as long as the run."""
-    locks = lock_out(out, rank)
-    if resume is None:
-        claim_out(out, overwrite, rank)
-    return locks
-
-
 def model_folder_for_all_ranks(model):
     """The local folder of --model: a folder as given, or a Hugging Face id (`org/name`) resolved through
     the hub's cache, downloading it if it is not there yet: once per node (the node's first rank
@@ -284,13 +298,13 @@ def model_folder_for_all_ranks(model):
     path = os.path.expanduser(model)
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
-            raise FileNotFoundError(f"--model {model}: the folder holds no config.json, so it is not a Hugging Face "
+            raise MissingInput(f"--model {model}: the folder holds no config.json, so it is not a Hugging Face "
                                     f"model folder (one from save_pretrained, or a hub download). Nothing was run")
         return path
     parts = model.split("/")
     if model.startswith(("/", "./", "../", "~")) or len(parts) > 2 or (len(parts) == 2 and os.path.isdir(parts[0])) \
             or os.path.exists(path):
-        raise FileNotFoundError(f"--model {model}: no such folder{' (it is a file)' if os.path.exists(path) else ''}. "
+        raise MissingInput(f"--model {model}: no such folder{' (it is a file)' if os.path.exists(path) else ''}. "
                                 f"Give a model folder, or a Hugging Face id such as Qwen/Qwen3-4B-Base. "
                                 f"Nothing was run")
     from huggingface_hub import snapshot_download
@@ -311,7 +325,7 @@ def model_folder_for_all_ranks(model):
         dist.all_gather_object(outcomes, None if failed is None else f"{type(failed).__name__}: {failed}")
         failed = next((o for o in outcomes if o is not None), None)
     if failed is not None:
-        raise FileNotFoundError(
+        raise MissingInput(
             f"--model {model} is no folder here, and as a Hugging Face id it is neither in the cache "
             f"(HF_HUB_CACHE, ~/.cache/huggingface/hub) nor could it be downloaded "
             f"({str(failed).splitlines()[0][:200]}). "
@@ -356,10 +370,10 @@ def save_checkpoint(args, step, models, questions, wandb_id, fingerprints, token
         tqdm.write(f"saved {path} ({time.perf_counter() - t0:.1f} s)")
 
 
-def save_final(policy, model_dir, tokenizer, out, rank):
+def save_final(policy, model_dir, tokenizer, out, rank, preset):
     """The trained policy as a Hugging Face model in OUT/final: the full fp32 weights, gathered into
     rank 0's CPU memory only, written as final.partial/ and then renamed, so that a crash never leaves
-    a final/ that is not whole."""
+    a final/ that is not whole. Its RUN_MARK names the run's preset, which a run from it keeps."""
     from transformers import AutoModelForCausalLM
     weights = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
@@ -369,6 +383,7 @@ def save_final(policy, model_dir, tokenizer, out, rank):
         shutil.rmtree(final + ".partial", ignore_errors=True)
         model.save_pretrained(final + ".partial")
         tokenizer.save_pretrained(final + ".partial")
+        checkpoint.mark_model_folder(final + ".partial", preset)
         checkpoint.fsync_files(final + ".partial")
         checkpoint.publish(final + ".partial", final)
         print(f"saved {final}")

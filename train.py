@@ -248,19 +248,23 @@ def evaluate(step, engine, eval_set, args, device, log, rank):
     sums = eval_counts(engine, prompts, gold, args.eval_k, args.eval_temperature, args.max_response_len, args.seed,
                        indices)
     acc = accuracies(all_sum(sums, device), args.eval_k)
-    log.write({"step": step, "eval_acc": acc["mean"], "eval_greedy": acc["greedy"], "eval_maj": acc["maj"]})
+    log.write({"step": step, "eval_acc": acc["avg"], "eval_greedy": acc["greedy"], "eval_maj": acc["maj"]})
     if rank == 0:
-        shown = [f"mean@{args.eval_k} {acc['mean']:.3f}"] * bool(args.eval_k) + [f"greedy {acc['greedy']:.3f}"] + \
+        shown = [f"avg@{args.eval_k} {acc['avg']:.3f}"] * bool(args.eval_k) + [f"greedy {acc['greedy']:.3f}"] + \
             [f"maj@{args.eval_k} {acc['maj']:.3f}"] * bool(args.eval_k)
         tqdm.write(f"eval @ step {step}: " + "  ".join(shown))
 
 
 def main(argv=None):
     args, resume = config.settings(argv, __doc__)
+    if resume is not None and run.finished(resume, args):
+        return
     rank, world_size, device = init_distributed()
+    held_locks = run.lock_out(args.out, rank)      # noqa: F841  (open until the process ends: no other run on --out)
+    earlier = run.earlier_outputs(args.out, args.overwrite, rank) if resume is None else []
+    # every input is read and checked before --overwrite deletes the earlier run (remove_outputs, below)
     import world
     model_dir = run.model_folder_for_all_ranks(args.model) if args.model else world.base_model_dir()
-    locks = run.take_folder(args.out, rank, resume, args.overwrite)      # noqa: F841  (held until the process ends)
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # question -> prompt ids, encoded once: drop_long sees every prompt, the steps reuse them
@@ -273,6 +277,7 @@ def main(argv=None):
     if args.steps is None:
         args.steps = max(1, int(args.epochs * len(pairs) / args.questions_per_step))
     eval_set = evaluation_set(tokenizer, args, rank, world_size)
+    run.remove_outputs(args.out, earlier, rank)
     models = build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
     # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the whole world
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
@@ -291,6 +296,8 @@ def main(argv=None):
                          wandb_run=wandb_run)
     watch = run.CollapseWatch()
     run.write_config(args, rank)
+    if rank == 0:
+        print(f"preset {args.preset}: {getattr(args, 'preset_reason', 'as the checkpoint it resumes')}")
     if start == 0:
         evaluate(0, models.engine, eval_set, args, device, log, rank)
     signals, stopped = run.StopSignals(), False
@@ -317,7 +324,7 @@ def main(argv=None):
                     print(f"stopped after step {step} of {args.steps}; continue with: --out {args.out} --resume")
                 break
         if not stopped:
-            run.save_final(models.policy, model_dir, tokenizer, args.out, rank)
+            run.save_final(models.policy, model_dir, tokenizer, args.out, rank, args.preset)
     finally:
         signals.restore()
         log.wandb.finish()
@@ -328,4 +335,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    config.exit_on_usage_error(main, "train.py")

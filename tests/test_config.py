@@ -90,3 +90,25 @@ def test_help_shows_each_flags_value_in_each_preset_and_method():
         assert f"[classroom: {shown[0]}; official: {shown[1]}" in lines[f"--{name}"], name
     for name, _, help in config.FLAGS:
         assert set(re.findall(r"\b\d[\d.e-]*", help)) <= {"0"}, f"--{name}'s help states a number: {help}"
+
+
+def test_default_out_tells_the_documented_runs_apart():
+    """The README's classroom run, RUNNING.md's SmolLM2 run and the seed run: three folders."""
+    assert config.default_out("coreward1", None) == os.path.join("runs", "coreward1")
+    assert config.default_out("coreward1", "models/smollm2-135m") == os.path.join("runs", "coreward1-smollm2-135m")
+    assert config.default_out("coreward1", "Qwen/Qwen3-4B-Base") == os.path.join("runs", "coreward1-Qwen3-4B-Base")
+    assert config.default_out("gt", "runs/coreward1/final/") == os.path.join("runs", "gt-coreward1")
+    assert config.default_out("gt", "runs/mine/checkpoints/step_40") == os.path.join("runs", "gt-mine")
+    assert config.parse_args(["--method", "gt", "--model", "Qwen/Qwen3-4B-Base"]).out == \
+        os.path.join("runs", "gt-Qwen3-4B-Base")
+
+
+def test_wandb_without_the_package_is_refused_before_anything_runs(monkeypatch):
+    import importlib.util
+    import sys
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    args = config.parse_args(["--method", "gt", "--wandb", "proj"])
+    with pytest.raises(config.UsageError, match="--wandb proj needs the wandb package: pip install wandb"):
+        config.check_settings(args, 1)

@@ -50,10 +50,10 @@ SAMPLED = [
 def test_counts_greedy_avg_and_maj_by_hand():
     engine = FakeEngine(GREEDY, SAMPLED)
     sums = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, temperature=0.8, max_tokens=100)
-    assert sums == {"n": 3, "greedy": 2, "mean": pytest.approx(0.5 + 0.25 + 0.25), "maj": 1}
+    assert sums == {"n": 3, "greedy": 2, "avg": pytest.approx(0.5 + 0.25 + 0.25), "maj": 1}
     assert engine.calls == [(1, 0.0, 100), (4, 0.8, 100)]
     acc = evaluation.accuracies(sums, k=4)
-    assert acc == pytest.approx({"greedy": 2 / 3, "mean": 1 / 3, "maj": 1 / 3})
+    assert acc == pytest.approx({"greedy": 2 / 3, "avg": 1 / 3, "maj": 1 / 3})
 
 
 def test_k_0_is_greedy_only_as_the_official_validation():
@@ -61,7 +61,7 @@ def test_k_0_is_greedy_only_as_the_official_validation():
     engine = FakeEngine(GREEDY, SAMPLED)
     sums = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=0, temperature=0.8, max_tokens=100)
     assert engine.calls == [(1, 0.0, 100)]
-    assert evaluation.accuracies(sums, k=0) == {"greedy": pytest.approx(2 / 3), "mean": None, "maj": None}
+    assert evaluation.accuracies(sums, k=0) == {"greedy": pytest.approx(2 / 3), "avg": None, "maj": None}
     table = evaluation.markdown_table({"math500": {"n": 3, **evaluation.accuracies(sums, k=0)}}, k=0)
     assert table.splitlines()[-1] == "| math500 | 3 | 0.667 | – | – |"
     import config
@@ -76,7 +76,7 @@ def test_sums_of_shares_add_up_to_the_whole():
 
 
 def test_markdown_table():
-    table = evaluation.markdown_table({"amc23": {"n": 40, "greedy": 0.125, "mean": 0.1, "maj": 0.15}}, k=8)
+    table = evaluation.markdown_table({"amc23": {"n": 40, "greedy": 0.125, "avg": 0.1, "maj": 0.15}}, k=8)
     assert table.splitlines() == ["| benchmark | n | greedy | avg@8 | maj@8 |", "|---|---|---|---|---|",
                                   "| amc23 | 40 | 0.125 | 0.100 | 0.150 |"]
 
@@ -102,7 +102,7 @@ def test_the_command_writes_the_table_and_json(tmp_path, tiny_model_dir, monkeyp
                      "--out", str(tmp_path)])
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["results"]["amc23"]["n"] == 3
-    assert result["results"]["amc23"]["mean"] == pytest.approx(1 / 3)
+    assert result["results"]["amc23"]["avg"] == pytest.approx(1 / 3)
     assert result["temperature"] == 0.8 and result["max_tokens"] == 3072
     assert "| amc23 | 3 | 0.333 | 0.333 | 0.333 |" in (tmp_path / "results.md").read_text()
     assert engine.calls == [(1, 0.0, 3072), (2, 0.8, 3072)]
@@ -124,7 +124,7 @@ def test_the_paper_settings_and_table():
     args = evaluation.parse_args(["--paper"])
     assert (args.benchmarks, args.k, args.temperature, args.max_tokens) == (["math500", "gsm8k", "amc"], 8, 0.8, 3072)
     assert evaluation.parse_args(["--paper", "--temperature", "0.6"]).temperature == 0.6
-    lines = evaluation.paper_lines({"math500": {"mean": 0.5}, "gsm8k": {"mean": 0.25}, "amc": {"mean": 0.125}})
+    lines = evaluation.paper_lines({"math500": {"avg": 0.5}, "gsm8k": {"avg": 0.25}, "amc": {"avg": 0.125}})
     assert "| MATH500 pass@1 | 50.00 | 71.20 | 78.80 |" in lines
     assert "| GSM8K pass@1 | 25.00 | 26.15 | 85.22 |" in lines and lines.endswith("| 39.41 | 42.32 |")
     assert "| AMC avg@8 | 12.50 | 21.08 | 49.55 |" in lines
@@ -141,7 +141,7 @@ def test_two_models_never_share_a_default_folder(tmp_path, monkeypatch):
     open(os.path.join(a, "results.json"), "w").write("{}")
     evaluated = []
     monkeypatch.setattr(evaluation, "evaluate_model", lambda model_dir, args: evaluated.append(model_dir) or
-                        {"classroom": {"n": 1, "greedy": 1.0, "mean": 1.0, "maj": 1.0}})
+                        {"classroom": {"n": 1, "greedy": 1.0, "avg": 1.0, "maj": 1.0}})
     with pytest.raises(FileExistsError, match="already holds results .*pass --overwrite"):
         evaluation.main(["--model", "runs/a/final"])
     assert open(os.path.join(a, "results.json")).read() == "{}" and not evaluated

@@ -214,7 +214,7 @@ def test_training_evaluation_equals_eval_py(short_run, tmp_path):
         out = str(tmp_path / str(i))
         results = evaluation.main(["--model", model, "--limit", str(EVAL_LIMIT), "--out", out])["classroom"]
         assert results["n"] == EVAL_LIMIT
-        assert (results["greedy"], results["mean"], results["maj"]) == \
+        assert (results["greedy"], results["avg"], results["maj"]) == \
             pytest.approx((last["eval_greedy"], last["eval_acc"], last["eval_maj"]), abs=1e-12)
     assert checkpoint.latest(run.out).endswith(f"step_{STEPS}")
 
@@ -511,3 +511,78 @@ def test_every_torch_load_reads_weights_only():
                 safe = any(k.arg == "weights_only" and ast.unparse(k.value) == "True" for k in node.keywords)
                 loads.append((os.path.relpath(path, ROOT), node.lineno, safe))
     assert loads and all(safe for _, _, safe in loads), [x for x in loads if not x[2]]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A whole 2-step run, with its checkpoint of step 2 and its final/."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    run = run_in_process(out, "gt", *SHORT, "--save_every", "2")
+    assert run.error is None
+    return out
+
+
+def _contents(out):
+    """Every file under `out` with its bytes, but the lock files (which name their latest holder)."""
+    return {os.path.relpath(os.path.join(d, f), out): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(out) for f in files if not f.endswith(".lock")}
+
+
+@pytest.mark.parametrize("bad", [["--data", "typo.parquet"], ["--model", "/nonexistent/model"],
+                                 ["--eval_data", "typo"], ["--resume", "--overwrite"]])
+def test_overwrite_with_a_mistake_in_the_inputs_deletes_nothing(finished_run, bad):
+    """--overwrite removes the earlier run only once every input has been read and checked: a typo in
+    --data, --model or --eval_data stops the run with a usage error and the earlier run is left whole."""
+    import config
+    before = _contents(finished_run)
+    run = run_in_process(finished_run, "gt", *SHORT, "--overwrite", *bad)
+    assert isinstance(run.error, config.UsageError), run.error
+    assert _contents(finished_run) == before
+
+
+def test_resume_of_a_finished_run_says_so_and_changes_nothing(finished_run, capsys):
+    before = _contents(finished_run)
+    run = run_in_process(finished_run, "gt", "--resume")
+    assert run.error is None
+    assert "is finished (its checkpoint" in capsys.readouterr().out
+    assert _contents(finished_run) == before
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_mistake_in_the_settings_is_one_line_and_status_2(tmp_path, ranks):
+    """Under python: the message alone on stderr, status 2, no traceback. Under torchrun with 2 ranks: the
+    message once, before torchrun's own report of its workers' status 2, and no worker traceback."""
+    import re
+    from test_resume import _free_port
+    launcher = [sys.executable] if ranks == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend=c10d",
+         f"--rdzv_endpoint=127.0.0.1:{_free_port()}"]
+    res = subprocess.run([*launcher, os.path.join(ROOT, "train.py"), "--method", "gt", "--steps", "0",
+                          "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    message = "train.py: error: --steps 0 must be at least 1; nothing was run"
+    if ranks == 1:
+        assert (res.returncode, res.stderr, res.stdout) == (2, message + "\n", "")
+    else:
+        assert res.stderr.count("train.py: error:") == 1 and message in res.stderr
+        assert "RefusedSetting" not in res.stderr and re.search(r"exitcode\s*: 2", res.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_folder_a_run_wrote_keeps_its_preset_and_a_checkpoint_becomes_one(finished_run, tmp_path):
+    """--model runs/X/final takes the preset of the run that wrote it (not the official one); one command
+    turns a checkpoint into a model folder, which equals final/ for the last step's checkpoint."""
+    from transformers import AutoModelForCausalLM
+    final = str(finished_run / "final")
+    args = config.parse_args(["--method", "gt", "--model", final])
+    assert (args.preset, args.max_response_len) == ("classroom", 48) and "the run that wrote" in args.preset_reason
+    assert config.parse_args(["--method", "gt", "--model", final, "--preset", "official"]).preset == "official"
+    folder = tmp_path / "step_2"
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "checkpoint.py"),
+                          str(finished_run / "checkpoints" / "step_2"), str(folder)], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    a = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32).state_dict()
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert config.preset_of(str(folder))[0] == "classroom"
+    assert config.preset_of(world.base_model_dir())[0] == "official"
