@@ -343,3 +343,16 @@ def test_a_worked_solution_gives_its_last_box_or_is_refused(tmp_path):
         data.load_training(str(tmp_path / "bad.jsonl"), "original")
     # the longest answers the shipped sets hold are no worked solutions
     assert data.answer_text("\\text{Softball, Kickball, Picnic}", "row 1") == "\\text{Softball, Kickball, Picnic}"
+
+
+def test_every_bad_row_is_named_in_one_message(tmp_path):
+    """Rows 0 and 2 cannot be read (an empty question, a worked solution as the answer): one error names
+    both, so that one fix of the file is enough; the good row does not appear."""
+    path = _pair_file(tmp_path, [{**GOOD, "original_question": ""}, GOOD,
+                                 {**GOOD, "solution": "First add the numbers, then " * 10 + "5"}])
+    with pytest.raises(ValueError) as error:
+        data.load_pairs(path)
+    message = str(error.value)
+    assert message.startswith("2 row(s) cannot be read: ")
+    assert "row 0: original_question" in message and "row 2: the gold answer looks like a worked solution" in message
+    assert "row 1" not in message
