@@ -85,13 +85,14 @@ METHOD_DEFAULTS = {
 # The defaults of flags that neither the preset nor the method sets.
 DEFAULTS = dict(views="original", teacher_prompts="same", seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999,
                 max_sampler_gap=0.1, sampler_gap_factor=5.0, keep_last=2, gpu_memory_utilization=0.75,
-                defer_grad_sync=False, compile_layers=False)
+                defer_grad_sync=False, compile_layers=False, eval_samples=4)
 VIEWS = ("original", "both")
 TEACHER_PROMPTS = ("same", "rephrased")
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
-MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb")
+MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb",
+                        "eval_samples")
 # Flags added after runs that may be resumed were checkpointed: the value those runs had.
-ADDED_SINCE = dict(compile_layers=False, sampler_gap_factor=5.0)
+ADDED_SINCE = dict(compile_layers=False, sampler_gap_factor=5.0, eval_samples=4)
 # Flags that say how to start this process, not what the run is: not part of its configuration.
 NOT_CONFIG = ("resume", "overwrite", "preset_reason")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
@@ -148,6 +149,8 @@ FLAGS = [
     ("eval_k", dict(type=int), "samples per evaluation question, beside the greedy response (0: greedy only)"),
     ("eval_limit", dict(type=int), "evaluation questions (none: all)"),
     ("eval_temperature", dict(type=float), "the evaluation's sampling temperature"),
+    ("eval_samples", dict(type=int), "questions of each evaluation whose greedy response and first sample go to "
+                                     "samples.jsonl in --out (0: none)"),
     ("dtype", {}, "the trainer's compute dtype, and the engine's"),
     ("cpu_kv_cache_gib", dict(type=float), "vLLM's KV cache on a CPU"),
     ("gpu_memory_utilization", dict(type=float), "the share of each GPU vLLM's engine takes for its weights and KV "
@@ -295,7 +298,7 @@ def check_settings(args, world_size):
     if not args.sampler_gap_factor > 1:
         refuse(f"--sampler_gap_factor {args.sampler_gap_factor} must be above 1: the limit is this times the gap of "
                f"the run's first steps")
-    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch", "eval_k"):
+    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch", "eval_k", "eval_samples"):
         if getattr(args, name) < 0:
             refuse(f"--{name} {getattr(args, name)} must be 0 or more")
     longest = args.max_prompt_len + args.max_response_len

@@ -48,8 +48,11 @@ PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55),
                 "coreward2": (76.60, 89.23, 42.32)}
 
 
-def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM_MAX_TOKENS, seed=0, indices=None):
-    """Sums over this share of the questions: {"n", "greedy", "avg", "maj"}. `indices` are the
+def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM_MAX_TOKENS, seed=0, indices=None,
+                keep=0):
+    """(sums, examples) over this share of the questions. sums: {"n", "greedy", "avg", "maj"}.
+    examples: the first `keep` questions' greedy response and first sample, each with its extracted
+    answer, the gold answer and its 0/1 reward (train.py writes them to samples.jsonl). `indices` are the
     questions' places in the benchmark (default 0, 1, ...): question i samples with the seed
     rollout.request_seed(seed, "eval", 0, i), so a share gives what the whole would. The step is
     left out of the seed: every evaluation of a run samples each question from the same streams,
@@ -60,13 +63,18 @@ def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASS
     greedy = engine.generate(prompt_ids, n=1, temperature=0.0, max_tokens=max_tokens)
     sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens, seeds=seeds) if k else \
         [[] for _ in prompt_ids]                  # k = 0: greedy only, as the official scripts validate
-    sums = {"n": len(gold), "greedy": 0.0, "avg": 0.0, "maj": 0.0}
-    for g, group, answer in zip(greedy, sampled, gold):
+    sums, examples = {"n": len(gold), "greedy": 0.0, "avg": 0.0, "maj": 0.0}, []
+    for i, g, group, answer in zip(indices, greedy, sampled, gold):
         answers = [extract_answer(s.text) for s in group]
         sums["greedy"] += is_equiv(extract_answer(g[0].text), answer)
         sums["avg"] += sum(is_equiv(a, answer) for a in answers) / max(k, 1)
         sums["maj"] += bool(answers) and is_equiv(majority_vote(answers), answer)
-    return sums
+        if len(examples) < 2 * keep:
+            for kind, s in [("greedy", g[0])] + [("sample", s) for s in group[:1]]:
+                extracted = extract_answer(s.text)
+                examples.append({"question": i, "kind": kind, "prompt_ids": list(s.prompt_ids), "response": s.text,
+                                 "answer": extracted, "gold": answer, "reward": float(is_equiv(extracted, answer))})
+    return sums, examples
 
 
 def accuracies(sums, k):
@@ -203,7 +211,7 @@ def evaluate_model(model_dir, args):
     results = {}
     for name, (prompts, gold) in sets.items():
         t0 = time.perf_counter()
-        sums = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens, args.seed)
+        sums, _ = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens, args.seed)
         results[name] = {"n": len(gold), **accuracies(sums, args.k), "seconds": round(time.perf_counter() - t0, 1)}
         print(f"{name}: {results[name]}")
     engine.close()

@@ -56,12 +56,44 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-class RotaryIsNotAWeight(logging.Filter):
-    """vLLM's in-place reload warns at every load that the rotary embedding "failed to load weights":
-    its cos/sin table is computed from the config, never loaded, and vLLM puts it back unchanged.
-    The per-step sampler-gap check is what guards the sync."""
-    def filter(self, record):
-        return not (record.getMessage() == "RotaryEmbedding: Failed to load weights")
+# vLLM's messages that ask nothing of this project's users, hidden (`quiet_vllm`), each with why.
+QUIET_VLLM = {
+    "Triton is installed, but doesn't include CPU backend": "the CPU engine runs without Triton",
+    "Triton is not installed. triton-cpu is expected": "the same",
+    "Model Runner V2 requires Triton": "the same: the V1 runner is vLLM's CPU runner",
+    "The global random seed is set to": "no request draws from the global random state: each has its own seed",
+    "does not officially support disabling chunked prefill": "no chunked prefill on a CPU, on purpose "
+                                                             "(engine_arguments)",
+    "Enforce eager set": "eager execution on a CPU, on purpose (engine_arguments)",
+    "Inductor compilation was disabled": "the same",
+    "Reset SSM cache type": "these models have no SSM layers",
+    "is not found in LD_PRELOAD": "advice on preloaded allocators for speed, not a fault",
+    "doesn't allow to use `torch.set_num_threads`": "vLLM's CPU worker binds the threads when it starts and turns "
+                                                    "later torch.set_num_threads calls into this warning",
+    "RotaryEmbedding: Failed to load weights": "at every load: the rotary table is computed from the config, "
+                                               "never loaded, and vLLM puts it back unchanged",
+}
+
+
+def quiet_vllm():
+    """Hide QUIET_VLLM's messages: each such warning is made a DEBUG record as it is created (the log
+    record factory: vLLM replaces its handlers, and their filters, when an engine starts), so that vLLM's
+    handler, at VLLM_LOGGING_LEVEL, drops it; VLLM_LOGGING_LEVEL=DEBUG shows them again. Also hides
+    vLLM's use of a torch name torch deprecates (a FutureWarning, twice at its import)."""
+    import warnings
+    warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning)
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "quiets_vllm", False):
+        return
+
+    def factory(*args, **kwargs):
+        record = previous(*args, **kwargs)
+        if record.name.startswith("vllm") and record.levelno == logging.WARNING and \
+                any(quiet in record.getMessage() for quiet in QUIET_VLLM):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return record
+    factory.quiets_vllm = True
+    logging.setLogRecordFactory(factory)
 
 
 @dataclass
@@ -128,7 +160,8 @@ def engine_arguments(model_dir, max_prompt_len, max_response_len, dtype, on_gpu,
     max_model_len = max_prompt_len + max_response_len
     # seed=0: vLLM seeds the global random state with it; every sampled request brings its own seed
     common = dict(model=model_dir, dtype=dtype, seed=0, max_model_len=max_model_len, generation_config="vllm",
-                  logprobs_mode="processed_logprobs", distributed_executor_backend="external_launcher")
+                  logprobs_mode="processed_logprobs", distributed_executor_backend="external_launcher",
+                  use_tqdm_on_load=False)
     if on_gpu:
         return {**common, "gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": True,
                 "max_num_seqs": GPU_MAX_NUM_SEQS,
@@ -144,9 +177,9 @@ CHECKED_PER_LOAD = 4          # parameters read back and compared after each wei
 class VLLMEngine:
     def __init__(self, model_dir, max_prompt_len, max_response_len, dtype="float32", gpu_memory_utilization=0.3,
                  cpu_kv_cache_gib=1.0):
+        quiet_vllm()
         from vllm import LLM
         from sharding import init_distributed
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(RotaryIsNotAWeight())
         self.max_prompt_len = max_prompt_len
         self.dtype = getattr(torch, dtype)            # the weights load_weights expects
         rank, _, device = init_distributed()          # a world of one, unless torchrun started several ranks

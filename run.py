@@ -17,6 +17,7 @@
 - **Stops**: SIGTERM or SIGINT (`StopSignals`) makes all ranks finish the step, write a checkpoint
   and exit; so does the end of the launcher.
 """
+import contextlib
 import fcntl
 import json
 import os
@@ -35,7 +36,7 @@ import checkpoint
 from config import FolderInUse, InputError, MissingInput, config_of
 
 
-RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints")
+RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints", "run.log", "samples.jsonl")
 RUN_LOCK = ".run.lock"           # rank 0 holds it exclusively for the whole run; it names the holder
 WORKERS_LOCK = ".workers.lock"   # every rank holds it shared while it lives
 
@@ -335,11 +336,69 @@ def model_folder_for_all_ranks(model):
 
 
 def write_config(args, rank):
-    """Print the run's configuration and write it to config.json (rank 0)."""
+    """Write the run's configuration to config.json and print its summary (rank 0)."""
     if rank == 0:
-        print(json.dumps(config_of(args), indent=1))
-        with open(os.path.join(args.out, "config.json"), "w") as f:
+        path = os.path.join(args.out, "config.json")
+        with open(path, "w") as f:
             json.dump(config_of(args), f, indent=1)
+        views = "2 views" if args.views == "both" else "1 view"
+        evaluation = f"greedy and avg@{args.eval_k}" if args.eval_k else "greedy"
+        print(f"{args.method} on {args.data}, preset {args.preset} "
+              f"({getattr(args, 'preset_reason', 'as the checkpoint it resumes')}): {args.steps} steps of "
+              f"{args.questions_per_step} questions x {views} x G={args.group_size}, lr {args.lr}, KL {args.kl_coef}, "
+              f"{args.dtype}; {evaluation} on {args.eval_data} every {args.eval_every} steps; every setting in {path}",
+              flush=True)
+
+
+def write_samples(out, step, examples, tokenizer):
+    """Append an evaluation's example responses (eval.eval_counts) to OUT/samples.jsonl, a line each:
+    the step, the question's place in the evaluation set, greedy or sample, the prompt and the response
+    as text, the extracted answer, the gold answer and the reward. Reading them is how a reward hack
+    shows before the numbers do."""
+    if not examples:
+        return
+    with open(os.path.join(out, "samples.jsonl"), "a") as f:
+        for e in examples:
+            prompt = tokenizer.decode(e["prompt_ids"], skip_special_tokens=True)
+            f.write(json.dumps({"step": step, "question": e["question"], "kind": e["kind"], "prompt": prompt,
+                                **{k: e[k] for k in ("response", "answer", "gold", "reward")}}) + "\n")
+
+
+class ConsoleLog:
+    """Rank 0's console, also written to OUT/run.log: what the console showed, without progress bars
+    (tqdm redraws its bar on stderr with carriage returns; those writes are left out of the file)."""
+    def __init__(self, path, stream):
+        self.file, self.stream = open(path, "a", buffering=1), stream
+
+    def write(self, text):
+        self.stream.write(text)
+        if "\r" not in text:
+            self.file.write(text)
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
+        self.file.flush()
+
+    def __getattr__(self, name):                  # isatty, fileno, encoding: the console's
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def console_log(out, rank):
+    """Within it, rank 0's stdout and stderr also go to OUT/run.log (`ConsoleLog`)."""
+    if rank != 0:
+        yield
+        return
+    path, streams = os.path.join(out, "run.log"), (sys.stdout, sys.stderr)
+    sys.stdout, sys.stderr = ConsoleLog(path, sys.stdout), ConsoleLog(path, sys.stderr)
+    try:
+        yield
+    finally:
+        for log in (sys.stdout, sys.stderr):
+            if isinstance(log, ConsoleLog):
+                log.file.close()
+        sys.stdout, sys.stderr = streams
 
 
 def restore(path, models, questions, args, rank):

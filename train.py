@@ -242,11 +242,13 @@ def evaluation_set(tokenizer, args, rank, world_size):
     return prompts[rank::world_size], gold[rank::world_size], range(rank, len(prompts), world_size)
 
 
-def evaluate(step, engine, eval_set, args, device, log, rank):
-    """Evaluate the engine's model on the evaluation questions, every rank its share; log the record."""
+def evaluate(step, engine, eval_set, args, device, log, rank, tokenizer):
+    """Evaluate the engine's model on the evaluation questions, every rank its share; log the record, and
+    on rank 0 its first --eval_samples questions' responses to samples.jsonl (`run.write_samples`)."""
     prompts, gold, indices = eval_set
-    sums = eval_counts(engine, prompts, gold, args.eval_k, args.eval_temperature, args.max_response_len, args.seed,
-                       indices)
+    sums, examples = eval_counts(engine, prompts, gold, args.eval_k, args.eval_temperature, args.max_response_len,
+                                 args.seed, indices, keep=args.eval_samples if rank == 0 else 0)
+    run.write_samples(args.out, step, examples, tokenizer)
     acc = accuracies(all_sum(sums, device), args.eval_k)
     log.write({"step": step, "eval_acc": acc["avg"], "eval_greedy": acc["greedy"], "eval_maj": acc["maj"]})
     if rank == 0:
@@ -266,6 +268,8 @@ def main(argv=None):
     import world
     model_dir = run.model_folder_for_all_ranks(args.model) if args.model else world.base_model_dir()
     from transformers import AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+    transformers_logging.disable_progress_bar()      # the bars of loads and saves, each over in a moment
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # question -> prompt ids, encoded once: drop_long sees every prompt, the steps reuse them
     encode = functools.lru_cache(maxsize=None)(data.prompt_encoder(tokenizer, args.data == "classroom"))
@@ -278,60 +282,62 @@ def main(argv=None):
         args.steps = max(1, int(args.epochs * len(pairs) / args.questions_per_step))
     eval_set = evaluation_set(tokenizer, args, rank, world_size)
     run.remove_outputs(args.out, earlier, rank)
-    models = build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
-    # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the whole world
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, os.cpu_count() // local_ranks))))
-    step_cfg = step_config(args)
-    # The loop's random state: the question order, and the global torch RNG behind the mini-batch order
-    # (seeded after the engine starts, as vLLM seeds the global RNG with its own seed).
-    torch.manual_seed(args.seed)
-    questions, start, wandb_id = Questions.shuffled(pairs, args.seed), 0, secrets.token_hex(4)
-    gap_watch = run.SamplerGapWatch(args.max_sampler_gap, args.sampler_gap_factor)
-    if resume is not None:
-        start, saved_id, gap_watch.first = run.restore(resume, models, questions, args, rank)
-        wandb_id = saved_id or wandb_id                           # kept in checkpoints: a resumed run continues it
-    wandb_run = run.start_wandb(args.wandb, wandb_id, config.config_of(args)) if args.wandb and rank == 0 else None
-    log = run.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0, resume_step=start if resume else None,
-                         wandb_run=wandb_run)
-    watch = run.CollapseWatch()
-    run.write_config(args, rank)
-    if rank == 0:
-        print(f"preset {args.preset}: {getattr(args, 'preset_reason', 'as the checkpoint it resumes')}")
-    if start == 0:
-        evaluate(0, models.engine, eval_set, args, device, log, rank)
-    signals, stopped = run.StopSignals(), False
-    bar = tqdm(range(start + 1, args.steps + 1), disable=rank != 0, desc=args.method, initial=start, total=args.steps)
-    try:
-        for step in bar:
-            indices, mine = questions.take(args.questions_per_step, rank, world_size)
-            record = training_step(args, step, indices, mine, models, encode, step_cfg, device, world_size)
-            log.write(record)
-            warning = watch.update(record)
-            if warning and rank == 0:
-                tqdm.write(warning)
-            bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
-                            label_acc="-" if record["label_acc"] is None else f"{record['label_acc']:.2f}")
-            gap_watch.check(step, record)
-            if step % args.eval_every == 0 or step == args.steps:
-                evaluate(step, models.engine, eval_set, args, device, log, rank)
-            stopped = signals.agreed(device) and step < args.steps          # at the last step, simply finish
-            if stopped or (args.save_every and (step % args.save_every == 0 or step == args.steps)):
-                run.save_checkpoint(args, step, models, questions, wandb_id, fingerprints, tokenizer, rank,
-                                    gap_watch.first)
-            if stopped:
-                if rank == 0:
-                    print(f"stopped after step {step} of {args.steps}; continue with: --out {args.out} --resume")
-                break
-        if not stopped:
-            run.save_final(models.policy, model_dir, tokenizer, args.out, rank, args.preset)
-    finally:
-        signals.restore()
-        log.wandb.finish()
-    dist.barrier()
-    models.engine.close()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    with run.console_log(args.out, rank):           # rank 0's console, also into OUT/run.log
+        models = build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
+        # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the world
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, os.cpu_count() // local_ranks))))
+        step_cfg = step_config(args)
+        # The loop's random state: the question order, and the global torch RNG behind the mini-batch order
+        # (seeded after the engine starts, as vLLM seeds the global RNG with its own seed).
+        torch.manual_seed(args.seed)
+        questions, start, wandb_id = Questions.shuffled(pairs, args.seed), 0, secrets.token_hex(4)
+        gap_watch = run.SamplerGapWatch(args.max_sampler_gap, args.sampler_gap_factor)
+        if resume is not None:
+            start, saved_id, gap_watch.first = run.restore(resume, models, questions, args, rank)
+            wandb_id = saved_id or wandb_id                       # kept in checkpoints: a resumed run continues it
+        wandb_run = run.start_wandb(args.wandb, wandb_id, config.config_of(args)) if args.wandb and rank == 0 \
+            else None
+        log = run.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0,
+                             resume_step=start if resume else None, wandb_run=wandb_run)
+        watch = run.CollapseWatch()
+        run.write_config(args, rank)
+        if start == 0:
+            evaluate(0, models.engine, eval_set, args, device, log, rank, tokenizer)
+        signals, stopped = run.StopSignals(), False
+        bar = tqdm(range(start + 1, args.steps + 1), disable=rank != 0, desc=args.method, initial=start,
+                   total=args.steps)
+        try:
+            for step in bar:
+                indices, mine = questions.take(args.questions_per_step, rank, world_size)
+                record = training_step(args, step, indices, mine, models, encode, step_cfg, device, world_size)
+                log.write(record)
+                warning = watch.update(record)
+                if warning and rank == 0:
+                    tqdm.write(warning)
+                bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
+                                label_acc="-" if record["label_acc"] is None else f"{record['label_acc']:.2f}")
+                gap_watch.check(step, record)
+                if step % args.eval_every == 0 or step == args.steps:
+                    evaluate(step, models.engine, eval_set, args, device, log, rank, tokenizer)
+                stopped = signals.agreed(device) and step < args.steps      # at the last step, simply finish
+                if stopped or (args.save_every and (step % args.save_every == 0 or step == args.steps)):
+                    run.save_checkpoint(args, step, models, questions, wandb_id, fingerprints, tokenizer, rank,
+                                        gap_watch.first)
+                if stopped:
+                    if rank == 0:
+                        print(f"stopped after step {step} of {args.steps}; continue with: --out {args.out} "
+                              f"--resume")
+                    break
+            if not stopped:
+                run.save_final(models.policy, model_dir, tokenizer, args.out, rank, args.preset)
+        finally:
+            signals.restore()
+            log.wandb.finish()
+        dist.barrier()
+        models.engine.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ SAMPLED = [
 
 def test_counts_greedy_avg_and_maj_by_hand():
     engine = FakeEngine(GREEDY, SAMPLED)
-    sums = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, temperature=0.8, max_tokens=100)
+    sums, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, temperature=0.8, max_tokens=100)
     assert sums == {"n": 3, "greedy": 2, "avg": pytest.approx(0.5 + 0.25 + 0.25), "maj": 1}
     assert engine.calls == [(1, 0.0, 100), (4, 0.8, 100)]
     acc = evaluation.accuracies(sums, k=4)
@@ -59,7 +59,7 @@ def test_counts_greedy_avg_and_maj_by_hand():
 def test_k_0_is_greedy_only_as_the_official_validation():
     """--eval_k 0 (the official preset's): one greedy request, no sampled one; avg@k and maj@k are None."""
     engine = FakeEngine(GREEDY, SAMPLED)
-    sums = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=0, temperature=0.8, max_tokens=100)
+    sums, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=0, temperature=0.8, max_tokens=100)
     assert engine.calls == [(1, 0.0, 100)]
     assert evaluation.accuracies(sums, k=0) == {"greedy": pytest.approx(2 / 3), "avg": None, "maj": None}
     table = evaluation.markdown_table({"math500": {"n": 3, **evaluation.accuracies(sums, k=0)}}, k=0)
@@ -70,8 +70,8 @@ def test_k_0_is_greedy_only_as_the_official_validation():
 
 def test_sums_of_shares_add_up_to_the_whole():
     engine = FakeEngine(GREEDY, SAMPLED)
-    whole = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4)
-    parts = [evaluation.eval_counts(engine, [[i]], [GOLD[i]], k=4) for i in range(3)]
+    whole, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4)
+    parts = [evaluation.eval_counts(engine, [[i]], [GOLD[i]], k=4)[0] for i in range(3)]
     assert {key: sum(p[key] for p in parts) for key in whole} == pytest.approx(whole)
 
 
@@ -147,3 +147,14 @@ def test_two_models_never_share_a_default_folder(tmp_path, monkeypatch):
     assert open(os.path.join(a, "results.json")).read() == "{}" and not evaluated
     evaluation.main(["--model", "runs/a/final", "--overwrite"])
     assert evaluated == ["runs/a/final"] and json.load(open(os.path.join(a, "results.json")))["results"]
+
+
+def test_the_first_questions_responses_are_kept_with_their_rewards():
+    """keep=2: the first two questions' greedy response and first sample, each with its answer and reward."""
+    engine = FakeEngine(GREEDY, SAMPLED)
+    _, examples = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, keep=2)
+    assert [(e["question"], e["kind"], e["response"], e["answer"], e["gold"], e["reward"]) for e in examples] == [
+        (0, "greedy", "\\boxed{5}", "5", "5", 1.0), (0, "sample", "\\boxed{5}", "5", "5", 1.0),
+        (1, "greedy", "so \\boxed{0.5}", "0.5", "1/2", 1.0),
+        (1, "sample", "\\boxed{\\frac12}", "\\frac12", "1/2", 1.0)]
+    assert evaluation.eval_counts(engine, [[0]], GOLD[:1], k=4)[1] == []

@@ -215,7 +215,8 @@ def test_the_engine_arguments_on_a_cpu_and_on_a_gpu():
     sampler's log-probs, no sampling defaults from the model folder)."""
     from rollout import engine_arguments
     common = dict(model="m", dtype="bfloat16", seed=0, max_model_len=512 + 3072, generation_config="vllm",
-                  logprobs_mode="processed_logprobs", distributed_executor_backend="external_launcher")
+                  logprobs_mode="processed_logprobs", distributed_executor_backend="external_launcher",
+                  use_tqdm_on_load=False)
     assert engine_arguments("m", 512, 3072, "bfloat16", on_gpu=True, gpu_memory_utilization=0.75) == \
         {**common, "gpu_memory_utilization": 0.75, "enable_sleep_mode": True, "max_num_seqs": 256,
          "max_num_batched_tokens": 8192}
