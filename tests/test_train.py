@@ -393,6 +393,32 @@ def test_a_default_run_prints_no_vllm_info_lines(tmp_path):
     assert "Failed to load weights" not in output
 
 
+def test_the_console_shows_the_programs_own_lines_and_the_run_folder_keeps_them(tmp_path):
+    """No vLLM warning of rollout.QUIET_VLLM, no FutureWarning, no load bars: the run's own summary line
+    comes first on stdout, then its evaluations. run.log holds what the console showed, without the
+    progress bar; samples.jsonl holds each evaluation's first --eval_samples questions' responses."""
+    from rollout import QUIET_VLLM
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--method", "coreward1", "--out", str(out),
+                          *SHORT, "--eval_samples", "3"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    output = res.stdout + res.stderr
+    assert not [quiet for quiet in QUIET_VLLM if quiet in output]
+    assert "FutureWarning" not in output and "Loading weights" not in output and "Loading safetensors" not in output
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("coreward1 on classroom, preset classroom (no --model: the classroom world): 2 steps")
+    assert lines[1].startswith("eval @ step 0: avg@8 ") and lines[2].startswith("eval @ step 2: avg@8 ")
+    log = (out / "run.log").read_text()
+    assert "\r" not in log and lines[0] in log and lines[2] in log and "saved " in log
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [(s["step"], s["question"], s["kind"]) for s in samples] == \
+        [(step, q, kind) for step in (0, 2) for q in range(3) for kind in ("greedy", "sample")]
+    from answers import is_equiv
+    assert all(s["prompt"].startswith("Question: ") and s["reward"] == float(is_equiv(s["answer"], s["gold"]))
+               for s in samples)
+
+
 def _prompts_of(call):
     """The prompt of each row of a step's batch, as token ids (the positions before the first response token)."""
     return [tuple(ids[:int(m.nonzero()[0]) + 1].tolist()) for ids, m in zip(call["input_ids"], call["mask"])]
