@@ -19,7 +19,7 @@ questions can add them up; `accuracies` turns the sums into fractions.
     python eval.py --model runs/coreward1/checkpoints/step_40      # a training checkpoint
     python eval.py --model models/smollm2-135m --benchmarks math500,gsm8k,amc,amc23,aime24,aime25 \\
         --k 8 --temperature 0.8 --max_tokens 3072 --out runs/eval/smollm2
-    python eval.py --model runs/coreward1/final --paper          # the paper's Table 8 metrics
+    python eval.py --model runs/coreward1-Qwen3-4B-Base/final --paper   # the paper's Table 8 metrics
 
 Benchmarks: `classroom` (the default) and the shipped sets of data.py (math500, gsm8k, amc,
 amc23, aime24, aime25, math5000). The paper samples at temperature 0.8; the classroom default
@@ -132,9 +132,9 @@ def default_out(model):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None,
-                    help="a model folder, a Hugging Face id, or a training checkpoint (OUT/checkpoints/step_S) "
-                         "(default: the classroom base model)")
+    ap.add_argument("--model", required=True,
+                    help="a model folder (the classroom's base model: classroom/base), a Hugging Face id, or a "
+                         "training checkpoint (OUT/checkpoints/step_S)")
     ap.add_argument("--benchmarks", default="classroom", help="comma-separated benchmark names")
     ap.add_argument("--k", type=int, default=8, help="samples per question beside the greedy one (0: greedy only)")
     ap.add_argument("--temperature", type=float, default=None, help="default: 1.0 on the classroom, else 0.8")
@@ -171,8 +171,7 @@ def main(argv=None):
     args = parse_args(argv)
     import checkpoint
     import config
-    import world
-    model = args.model or world.base_model_dir()
+    model = args.model
     out = args.out or default_out(model)
     if os.path.exists(os.path.join(out, "results.json")) and not args.overwrite:
         raise config.FolderInUse(f"{out} already holds results (results.json); pass --overwrite to replace them, "

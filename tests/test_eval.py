@@ -83,13 +83,13 @@ def test_markdown_table():
 
 def test_defaults_follow_the_benchmarks():
     import config
-    classroom = evaluation.parse_args([])
+    classroom = evaluation.parse_args(["--model", "m"])
     preset = config.PRESETS["classroom"]
     # the classroom defaults are the training evaluation's, so that the two agree
     assert (classroom.benchmarks, classroom.temperature, classroom.max_tokens, classroom.k) == \
         (["classroom"], preset["eval_temperature"], preset["max_response_len"], preset["eval_k"]) == \
         (["classroom"], 1.0, 48, 8)
-    paper = evaluation.parse_args(["--benchmarks", "math500,aime24"])
+    paper = evaluation.parse_args(["--model", "m", "--benchmarks", "math500,aime24"])
     assert (paper.benchmarks, paper.temperature, paper.max_tokens) == (["math500", "aime24"], 0.8, 3072)
 
 
@@ -121,9 +121,11 @@ def test_benchmark_prompts_drop_and_count_long_questions(tiny_model_dir, capsys)
 def test_the_paper_settings_and_table():
     """--paper: MATH500, GSM8K and AMC, k 8 at temperature 0.8 and 3,072 tokens; each benchmark's
     avg@8 in percent beside the paper's Table 8 row for the seed model."""
-    args = evaluation.parse_args(["--paper"])
+    args = evaluation.parse_args(["--model", "m", "--paper"])
     assert (args.benchmarks, args.k, args.temperature, args.max_tokens) == (["math500", "gsm8k", "amc"], 8, 0.8, 3072)
-    assert evaluation.parse_args(["--paper", "--temperature", "0.6"]).temperature == 0.6
+    assert evaluation.parse_args(["--model", "m", "--paper", "--temperature", "0.6"]).temperature == 0.6
+    with pytest.raises(SystemExit):            # no --model: a usage error, not a minute on the base model
+        evaluation.parse_args([])
     lines = evaluation.paper_lines({"math500": {"avg": 0.5}, "gsm8k": {"avg": 0.25}, "amc": {"avg": 0.125}})
     assert "| MATH500 pass@1 | 50.00 | 71.20 | 78.80 |" in lines
     assert "| GSM8K pass@1 | 25.00 | 26.15 | 85.22 |" in lines and lines.endswith("| 39.41 | 42.32 |")
