@@ -70,6 +70,8 @@ QUIET_VLLM = {
     "is not found in LD_PRELOAD": "advice on preloaded allocators for speed, not a fault",
     "doesn't allow to use `torch.set_num_threads`": "vLLM's CPU worker binds the threads when it starts and turns "
                                                     "later torch.set_num_threads calls into this warning",
+    "Unknown vLLM environment variable detected: VLLM_DIST_IDENT": "vLLM's CPU worker sets it; a process started "
+                                                                   "from one (a test's train.py) inherits it",
     "RotaryEmbedding: Failed to load weights": "at every load: the rotary table is computed from the config, "
                                                "never loaded, and vLLM puts it back unchanged",
 }

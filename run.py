@@ -248,10 +248,10 @@ def finished(path, args):
     """--resume of a run that is done: its checkpoint `path` is of the last step and final/ holds its model.
     Says so (first rank) and returns True; nothing is changed. A run cannot be extended, as its length sets
     its learning-rate and EMA schedules: a longer run starts from its final/ with --model."""
-    step = checkpoint.read_trainer_state(path)["step"]
+    step = checkpoint.read_trainer_state(path).get("step")
     final = os.path.join(args.out, "final")
-    if step < args.steps or not os.path.isdir(final):
-        return False
+    if step is None or step < args.steps or not os.path.isdir(final):
+        return False                              # not finished, or a checkpoint the resume's own checks judge
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"--resume: the run in {args.out} is finished (its checkpoint {path} is of step {step} of {args.steps}, "
               f"and {final} holds its model); nothing to do. A run's length sets its schedules, so it is not "

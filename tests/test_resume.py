@@ -435,6 +435,7 @@ def test_a_checkpoint_that_cannot_be_loaded_stops_the_resume_naming_the_one_befo
     for name in os.listdir(out / "checkpoints" / "step_4" / "weights"):
         if name.endswith(".distcp"):
             (out / "checkpoints" / "step_4" / "weights" / name).write_bytes(b"torn")
+    shutil.rmtree(out / "final")                  # not a finished run, which a resume would leave as it is
     proc = start(out, 1, "--resume", str(out / "checkpoints" / "step_4"))
     assert proc.wait(timeout=600) != 0
     log = open(f"{out}.log").read()

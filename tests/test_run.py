@@ -37,8 +37,8 @@ def test_two_runs_started_on_one_folder_one_is_refused_and_the_others_metrics_ar
     second = launch(out, *SHORT, "--steps", "3", "--overwrite", log=tmp_path / "second.log")
     codes = first.wait(timeout=900), second.wait(timeout=900)
     logs = [open(tmp_path / name).read() for name in ("first.log", "second.log")]
-    assert sorted(codes) == [0, 1], logs
-    refused = logs[codes.index(1)]
+    assert sorted(codes) == [0, 2], logs                        # the refused one: a usage error, status 2
+    refused = logs[codes.index(2)]
     assert f"--out {out} is in use by another run (pid " in refused and "Nothing was run or deleted" in refused
     lines = open(out / "metrics.jsonl").read().splitlines()
     assert all(line.startswith("{") and line.endswith("}") for line in lines)
