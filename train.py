@@ -252,9 +252,9 @@ def evaluate(step, engine, eval_set, args, device, log, rank, tokenizer):
     acc = accuracies(all_sum(sums, device), args.eval_k)
     log.write({"step": step, "eval_acc": acc["avg"], "eval_greedy": acc["greedy"], "eval_maj": acc["maj"]})
     if rank == 0:
-        shown = [f"avg@{args.eval_k} {acc['avg']:.3f}"] * bool(args.eval_k) + [f"greedy {acc['greedy']:.3f}"] + \
-            [f"maj@{args.eval_k} {acc['maj']:.3f}"] * bool(args.eval_k)
-        tqdm.write(f"eval @ step {step}: " + "  ".join(shown))
+        shown = f"avg@{args.eval_k} {acc['avg']:.3f}  greedy {acc['greedy']:.3f}  maj@{args.eval_k} {acc['maj']:.3f}" \
+            if args.eval_k else f"greedy {acc['greedy']:.3f}"              # --eval_k 0: greedy only
+        tqdm.write(f"eval @ step {step}: {shown}")
 
 
 def main(argv=None):

@@ -8,6 +8,7 @@ existing output folder and a non-finite loss are refused or stopped with a messa
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -269,6 +270,16 @@ def test_a_sync_that_drops_a_tensor_stops_the_run_within_that_step(tmp_path, mon
     assert "model.layers.0.mlp.up_proj.weight" in str(run.error) and "Check that the trainer" in str(run.error)
     assert len(run.steps) == 1 and run.step_records == []
     assert not (out / "final").exists() and not (out / "checkpoints").exists()
+
+
+def test_eval_k_0_evaluates_greedily_only(tmp_path, capsys):
+    """--eval_k 0 (the official preset's evaluation): the greedy accuracy, and no avg@k or maj@k."""
+    run = run_in_process(tmp_path / "run", "gt", *SHORT, "--eval_k", "0")
+    assert run.error is None
+    assert [(r["eval_acc"], r["eval_maj"]) for r in run.eval_records] == [(None, None)] * 2
+    assert all(0 <= r["eval_greedy"] <= 1 for r in run.eval_records)
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("eval @ step")]
+    assert len(printed) == 2 and all(re.fullmatch(r"eval @ step \d: greedy \d\.\d{3}", line) for line in printed)
 
 
 def test_the_sampler_gap_limit_follows_the_runs_first_steps():
