@@ -51,7 +51,8 @@ def test_two_coreward1_steps_on_openrs(smollm_dir, tmp_path):
     out = tmp_path / "run"
     run("train.py", "--method", "coreward1", "--model", smollm_dir, "--data", "openrs", "--steps", "2",
         "--questions_per_step", "4", "--group_size", "4", "--max_response_len", "128", "--eval_limit", "4",
-        "--eval_k", "2", "--mini_batches", "1", "--dtype", "float32", "--out", str(out), timeout=900)
+        "--eval_k", "2", "--mini_batches", "1", "--dtype", "float32", "--cpu_kv_cache_gib", "0.25",
+        "--max_tokens_per_micro_batch", "2048", "--out", str(out), timeout=900)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if "reward" in x] == [1, 2]
     assert [x["step"] for x in lines if "eval_acc" in x] == [0, 2]
