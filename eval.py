@@ -64,12 +64,12 @@ def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASS
     sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens, seeds=seeds) if k else \
         [[] for _ in prompt_ids]                  # k = 0: greedy only, as the official scripts validate
     sums, examples = {"n": len(gold), "greedy": 0.0, "avg": 0.0, "maj": 0.0}, []
-    for i, g, group, answer in zip(indices, greedy, sampled, gold):
+    for place, (i, g, group, answer) in enumerate(zip(indices, greedy, sampled, gold)):
         answers = [extract_answer(s.text) for s in group]
         sums["greedy"] += is_equiv(extract_answer(g[0].text), answer)
         sums["avg"] += sum(is_equiv(a, answer) for a in answers) / max(k, 1)
         sums["maj"] += bool(answers) and is_equiv(majority_vote(answers), answer)
-        if len(examples) < 2 * keep:
+        if place < keep:
             for kind, s in [("greedy", g[0])] + [("sample", s) for s in group[:1]]:
                 extracted = extract_answer(s.text)
                 examples.append({"question": i, "kind": kind, "prompt_ids": list(s.prompt_ids), "response": s.text,

@@ -160,3 +160,5 @@ def test_the_first_questions_responses_are_kept_with_their_rewards():
         (1, "greedy", "so \\boxed{0.5}", "0.5", "1/2", 1.0),
         (1, "sample", "\\boxed{\\frac12}", "\\frac12", "1/2", 1.0)]
     assert evaluation.eval_counts(engine, [[0]], GOLD[:1], k=4)[1] == []
+    greedy_only = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=0, keep=2)[1]     # k = 0: greedy only
+    assert [(e["question"], e["kind"]) for e in greedy_only] == [(0, "greedy"), (1, "greedy")]
