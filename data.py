@@ -180,14 +180,12 @@ def question_set(path, records):
     if question is None or answer is None:
         raise InputError(f"{path}: a question set needs a question column (one of {list(QUESTION_COLUMNS)}) and an "
                          f"answer column (one of {list(ANSWER_COLUMNS)}); its columns are {sorted(columns)}")
-    def read(record):
-        def row(where):
-            if not isinstance(record, dict):
-                raise InputError(f"{where}: expected an object with {question!r} and {answer!r}, got {record!r:.80}")
-            return Pair(question_text(record.get(question), f"{where}: {question}"), None,
-                        answer_text(record.get(answer), where))
-        return row
-    return report_unlabeled(every_row(path, map(read, records)), path)
+    def read(record, where):
+        if not isinstance(record, dict):
+            raise InputError(f"{where}: expected an object with {question!r} and {answer!r}, got {record!r:.80}")
+        return Pair(question_text(record.get(question), f"{where}: {question}"), None,
+                    answer_text(record.get(answer), where))
+    return report_unlabeled(every_row(path, records, read), path)
 
 
 def load_pairs(source):
@@ -228,26 +226,26 @@ def pairs_from_frame(frame, name):
         raise InputError(f"{name}: missing column(s) {missing}; a pair file needs {list(PAIR_COLUMNS)}")
     if not len(frame):
         raise InputError(f"{name}: no pairs in the file")
-    def read(q, r, a):
-        return lambda where: Pair(question_text(q, f"{where}: original_question"),
-                                  question_text(r, f"{where}: rephrased_question"), answer_text(a, where))
-    rows = frame[list(PAIR_COLUMNS)].itertuples(index=False)
-    return report_unlabeled(every_row(name, (read(*row) for row in rows)), name)
+    def read(row, where):
+        q, r, a = row
+        return Pair(question_text(q, f"{where}: original_question"), question_text(r, f"{where}: rephrased_question"),
+                    answer_text(a, where))
+    return report_unlabeled(every_row(name, frame[list(PAIR_COLUMNS)].itertuples(index=False), read), name)
 
 
-def every_row(name, readers, shown=5):
-    """Read every row (`readers`: one function of the row's place per row) and report all the rows that
-    cannot be read in one message, the first `shown` of them in full, instead of stopping at the first."""
-    rows, problems = [], []
-    for i, read in enumerate(readers):
+def every_row(name, rows, read, shown=5):
+    """[read(row, where) for each row], `where` naming the file and the row; the rows that cannot be read are
+    reported together in one message, the first `shown` of them in full, instead of stopping at the first."""
+    read_rows, problems = [], []
+    for i, row in enumerate(rows):
         try:
-            rows.append(read(f"{name}: row {i}"))
+            read_rows.append(read(row, f"{name}: row {i}"))
         except InputError as e:
             problems.append(str(e))
     if problems:
         raise InputError(f"{len(problems)} row(s) cannot be read: " + "; ".join(problems[:shown]) +
                          (f"; and {len(problems) - shown} more" if len(problems) > shown else ""))
-    return rows
+    return read_rows
 
 
 def verl_pairs(original_path, rephrased_path):

@@ -300,14 +300,13 @@ def model_folder_for_all_ranks(model):
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise MissingInput(f"--model {model}: the folder holds no config.json, so it is not a Hugging Face "
-                                    f"model folder (one from save_pretrained, or a hub download). Nothing was run")
+                               f"model folder (one from save_pretrained, or a hub download). Nothing was run")
         return path
     parts = model.split("/")
     if model.startswith(("/", "./", "../", "~")) or len(parts) > 2 or (len(parts) == 2 and os.path.isdir(parts[0])) \
             or os.path.exists(path):
         raise MissingInput(f"--model {model}: no such folder{' (it is a file)' if os.path.exists(path) else ''}. "
-                                f"Give a model folder, or a Hugging Face id such as Qwen/Qwen3-4B-Base. "
-                                f"Nothing was run")
+                           f"Give a model folder, or a Hugging Face id such as Qwen/Qwen3-4B-Base. Nothing was run")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
     first_on_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
