@@ -1006,7 +1006,12 @@ def _sign(value):
 
 # ------------------------------------------------------- the helper process
 
-_STARTUP_LIMIT = 120.0  # seconds a new helper may take to import sympy
+_STARTUP_LIMIT = 120.0  # seconds a new helper may take to import sympy and warm up
+# What a new helper compares before it says it is ready: sympy imports parts of itself (its polynomials,
+# combinatorics, sets) on their first use, which would otherwise be paid by the first such answer of a run,
+# inside its time limit, and on a slow disk or a busy node run it out.
+_WARM_UP = [("p - q", "-q + p"), ("x^2 - 1", "(x - 1)(x + 1)"), ("2\\sqrt{2}", "\\sqrt{8}"),
+            ("\\sin x", "\\cos(\\pi/2 - x)"), ("x \\le 3", "3 \\ge x")]
 _HELPER = "import json, sys; sys.path.insert(0, sys.argv[1]); import answers; answers._serve(json.loads(sys.argv[2]))"
 _refused = set()  # normal forms whose reading took over half the time limit
 
@@ -1108,6 +1113,9 @@ def _serve(limits):
         sys.stdout.write(".")
         sys.stdout.flush()
 
+    for a, b in _WARM_UP:
+        _math_equal(normalize(a), normalize(b))
+    _clear_local_caches()
     print("ready", flush=True)
     for line in sys.stdin:
         request = json.loads(line)

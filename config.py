@@ -94,7 +94,7 @@ MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_ga
 # Flags added after runs that may be resumed were checkpointed: the value those runs had.
 ADDED_SINCE = dict(compile_layers=False, sampler_gap_factor=5.0, eval_samples=4)
 # Flags that say how to start this process, not what the run is: not part of its configuration.
-NOT_CONFIG = ("resume", "overwrite", "preset_reason")
+NOT_CONFIG = ("resume", "overwrite", "preset_reason", "ranks")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
 
 
@@ -126,6 +126,8 @@ FLAGS = [
     ("overwrite", dict(action="store_true"), "replace the outputs of an earlier run in --out"),
     ("resume", dict(nargs="?", const=LATEST, metavar="CHECKPOINT"),
      "continue the run in --out from its latest checkpoint, or from the CHECKPOINT folder named"),
+    ("ranks", dict(type=int), "start this many ranks on this machine, one per GPU, as torchrun --standalone "
+                              "--nproc_per_node does (default: one, or the ranks torchrun started)"),
     ("seed", dict(type=int), "seeds the data order, every sampled request and the mini-batch order"),
     ("backend", dict(choices=["vllm", "hf"]), "rollout engine"),
     ("steps", dict(type=int), "training steps (none: --epochs over the training questions)"),
@@ -172,8 +174,9 @@ FLAGS = [
     ("wandb", dict(metavar="PROJECT"), "also log every record of metrics.jsonl to Weights & Biases, project PROJECT "
                                        "(wandb is not a requirement: pip install wandb; WANDB_MODE=offline works); a "
                                        "resumed run continues its run"),
-    ("ema_start", dict(type=float), "the teacher's EMA decay at the first step"),
-    ("ema_end", dict(type=float), "... and at the last (the official code's differs: RUNNING.md, departures)"),
+    ("ema_start", dict(type=float), "the teacher's EMA decay at the schedule's start: the policy after step s of T "
+                                    "is mixed in with the decay at s / T (teacher.py)"),
+    ("ema_end", dict(type=float), "... and at its end (the official code's differs: RUNNING.md, departures)"),
     ("max_sampler_gap", dict(type=float), "stop when the sampler's and the trainer's log-probs differ by more than "
                                           "this (mean per token) in the run's first steps (run.SamplerGapWatch)"),
     ("sampler_gap_factor", dict(type=float), "... and after them by more than this times their mean"),
@@ -270,7 +273,7 @@ def resume_settings(args, given):
                        f"it continues with --out, so that nothing beside the copy is taken for the run's")
             out = args.out
     settings = {**ADDED_SINCE, **checkpoint.read_config(path)}
-    for name in sorted(given - {"resume", "out", "overwrite"}):
+    for name in sorted(given - {"resume", "out", "overwrite", "ranks"}):
         now, then = getattr(args, name), settings.get(name)
         if now == then:
             continue
@@ -281,7 +284,8 @@ def resume_settings(args, given):
             why = " (it sets the LR and EMA schedules)" if name in ("steps", "epochs") else ""
             refuse(f"--{name} {now} differs from the checkpoint's {then}{why} in {path}: a resumed run keeps its "
                    f"configuration; drop the flag, or start a new run in another --out")
-    return argparse.Namespace(**{**settings, "out": out, "resume": path, "overwrite": False}), path
+    kept = {"out": out, "resume": path, "overwrite": False, "ranks": args.ranks}
+    return argparse.Namespace(**{**settings, **kept}), path
 
 
 def check_settings(args, world_size):
@@ -343,5 +347,10 @@ def settings(argv=None, description=None):
     resume = None
     if args.resume is not None:
         args, resume = resume_settings(args, given_flags(argv))
-    check_settings(args, int(os.environ.get("WORLD_SIZE", 1)))
+    started = int(os.environ.get("WORLD_SIZE", 0))            # the ranks torchrun started, if it did
+    if args.ranks is not None and (args.ranks < 1 or started and args.ranks != started):
+        raise RefusedSetting(f"--ranks {args.ranks}: " + ("must be at least 1" if args.ranks < 1 else
+                             f"this run was started with {started} ranks (by torchrun); drop --ranks or give "
+                             f"{started}") + "; nothing was run")
+    check_settings(args, args.ranks or started or 1)
     return args, resume

@@ -9,10 +9,13 @@ The policy loss of one response token, with ratio ρ = π_θ / π_old at the sam
 (log-probs of logits / T), is PPO's clipped surrogate plus a KL penalty to a reference model
 (the low-variance "k3" estimator, always ≥ 0):
 
-    loss_t = -min(ρ A, clip(ρ, 1-ε, 1+ε) A) + β min(exp(r_t) - r_t - 1, 10),   r_t = log π_ref - log π_θ
+    loss_t = -min(ρ A, clip(ρ, 1-ε, 1+ε) A) + β min(exp(r_t) - r_t - 1, 10),
+    r_t = clamp(log π_ref - log π_θ, -20, 20)
 
-(the k3 value clamped at 10, as verl's low_var_kl clamps it to [-10, 10]: a token the policy has
-moved far from the reference adds at most 10 β, and no KL gradient).
+(`k3`, as verl's low_var_kl and the official code compute it: r_t clamped to ±20 before the exp,
+which would overflow float32 from 88.7 and give a NaN gradient, and the value clamped at 10: a
+token the policy has moved far from the reference adds at most 10 β, and no KL gradient). The
+logged `kl` is the same k3, clamped alike.
 
 π_old is the policy that sampled the batch; its log-probs are recomputed by the trainer
 rather than taken from the sampler, so that sampler/trainer numerical gaps never enter the
@@ -60,7 +63,14 @@ def group_advantages(rewards, eps=1e-6):
 
 
 VIEWS = 2                   # a batch's views: 0 the original questions, 1 their rephrasings
-KL_CLAMP = 10.0             # verl's low_var_kl clamps k3 to [-10, 10]
+KL_CLAMP = 10.0             # verl's low_var_kl clamps k3 to [-10, 10] ...
+LOG_RATIO_CLAMP = 20.0      # ... and log π_ref - log π_θ to [-20, 20] before the exp
+
+
+def k3(logp, ref_logp):
+    """The k3 estimate of KL(π_θ ‖ π_ref) per token (≥ 0), clamped as verl's low_var_kl clamps it."""
+    log_r = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return (torch.exp(log_r) - log_r - 1).clamp(-KL_CLAMP, KL_CLAMP)
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, view, normalizers):
@@ -70,9 +80,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, vie
     ratio = torch.exp(logp - old_logp)                                             # [B, T-1]
     adv = advantages[:, None]
     policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
-    log_r = ref_logp - logp
-    kl = (torch.exp(log_r) - log_r - 1).clamp(-KL_CLAMP, KL_CLAMP)                 # k3 ≥ 0
-    per_token = (policy_term + kl_coef * kl) * mask                                # [B, T-1]
+    per_token = (policy_term + kl_coef * k3(logp, ref_logp)) * mask                # [B, T-1]
     loss = sum(per_token[view == v].sum() / normalizers[v] for v in view.unique().tolist())
     clipped = (ratio * adv > ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).float()
     return loss, clipped
@@ -259,10 +267,9 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
                                       part.view, normalizers)
             loss.backward()
             with torch.no_grad():
-                log_r = ref_part - logp
                 gap = ((part.sampler_logp - old).abs() * part.mask).sum()
                 nonfinite += torch.stack([~loss.isfinite(), ~gap.isfinite()]).float()
-                stats["kl_sum"] += ((torch.exp(log_r) - log_r - 1) * part.mask).sum().item()
+                stats["kl_sum"] += (k3(logp, ref_part) * part.mask).sum().item()
                 stats["entropy_sum"] += (entropy * part.mask).sum().item()
                 stats["sampler_gap_sum"] += gap.item()
                 stats["clipped_sum"] += (clipped * part.mask).sum().item()

@@ -91,15 +91,20 @@ class ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, _):
         hidden, weight, targets, lse = ctx.saved_tensors
-        grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight)
+        # the output layer's gradient is summed over the chunks in fp32 and cast once: in bf16, a sum over the
+        # ~16 chunks of a long micro-batch would round at every chunk
+        grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight, dtype=torch.float32)
         for rows, z in _chunk_logits(hidden, weight, ctx.temperature):
             g = grad_logp[rows, None]                                                   # [c, 1]
             dz = z.sub_(lse[rows, None]).exp_().mul_(-g)                                # -softmax(z) g, in place
             dz.scatter_add_(-1, targets[rows, None], g).div_(ctx.temperature)          # + onehot(target) g
             dz = dz.to(hidden.dtype)
             grad_hidden[rows] = dz @ weight
-            grad_weight.addmm_(dz.T, hidden[rows])
-        return grad_hidden, grad_weight, None, None, None
+            if dz.dtype == torch.float32:
+                grad_weight.addmm_(dz.T, hidden[rows])
+            else:                                                                       # the chunk's product in
+                grad_weight += dz.T @ hidden[rows]                                      # bf16, summed in fp32
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
 
 
 def token_logprobs(model, input_ids, mask, temperature, entropy=False):

@@ -16,6 +16,9 @@
   random state the loop draws from. What the run wrote after the checkpoint is moved aside.
 - **Stops**: SIGTERM or SIGINT (`StopSignals`) makes all ranks finish the step, write a checkpoint
   and exit; so does the end of the launcher.
+- **Ranks**: `python train.py --ranks N` starts N ranks on this machine (`launch_ranks`) once this
+  process has checked the settings, as `torchrun --standalone --nproc_per_node N` would, and reports
+  a failed rank in one line instead of torchrun's traceback.
 """
 import contextlib
 import fcntl
@@ -39,6 +42,33 @@ from config import FolderInUse, InputError, MissingInput, config_of
 RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints", "run.log", "samples.jsonl")
 RUN_LOCK = ".run.lock"           # rank 0 holds it exclusively for the whole run; it names the holder
 WORKERS_LOCK = ".workers.lock"   # every rank holds it shared while it lives
+
+
+def launch_ranks(ranks, program, argv):
+    """Start `ranks` processes of `program argv` under torchrun's launcher (its agent, in this process), and
+    exit with the status of the first rank that failed. Each rank reports its own failure: a mistake in the
+    settings or inputs as one line from the first rank (status 2, to which nothing is added here), anything
+    else as its traceback, followed by one line that names the rank. A signal reaches the ranks as under
+    torchrun (each finishes its step and writes a checkpoint); this process then exits with 128 + the signal."""
+    import logging
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    # The agent's own reports repeat what the ranks print, followed by its traceback; and the threads it sets
+    # (OMP_NUM_THREADS=1 for each of several ranks) RUNNING.md states.
+    for logger in [name for name in logging.root.manager.loggerDict if name.startswith("torch.distributed")]:
+        logging.getLogger(logger).setLevel(logging.CRITICAL)         # each has its level (torch's LOGLEVEL)
+    name = os.path.basename(program)
+    try:
+        torchrun.run(torchrun.parse_args(["--standalone", f"--nproc_per_node={ranks}", program, *argv]))
+    except ChildFailedError as failed:
+        rank, first = failed.get_first_failure()
+        if first.exitcode != 2:
+            how = f"exit status {first.exitcode}" if first.exitcode > 0 else f"signal {-first.exitcode}"
+            print(f"{name}: rank {rank} stopped with {how}; its message is above", file=sys.stderr, flush=True)
+        sys.exit(2 if first.exitcode == 2 else 1)
+    except SignalException as stop:
+        sys.exit(128 + stop.sigval)
 
 
 def lock_out(out, rank):

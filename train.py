@@ -1,8 +1,8 @@
 """Label-free GRPO for math reasoning: Co-rewarding-I and -II, and their baselines.
 
-    torchrun train.py --method coreward1                       # the classroom world, a few minutes on a CPU
-    torchrun --nproc_per_node=2 train.py --method majority     # each rank samples and trains its share
-    torchrun --nproc_per_node=8 train.py --method coreward1 --model Qwen/Qwen3-4B-Base --data openrs
+    python train.py --method coreward1                       # the classroom world, a few minutes on a CPU
+    python train.py --ranks 2 --method majority              # each rank samples and trains its share
+    python train.py --ranks 8 --method coreward1 --model Qwen/Qwen3-4B-Base --data openrs
 
 One step (`training_step`):
 1. take P questions; each rank takes P / world_size of them. The two-view methods (coreward1,
@@ -32,6 +32,7 @@ import functools
 import math
 import os
 import secrets
+import sys
 import time
 
 import torch
@@ -48,7 +49,7 @@ from rewards import (ANSWER_FREE_METHODS, TEACHER_METHODS, TWO_VIEW_METHODS, cer
                      extract_answer, group_diagnostics, is_equiv, labels_for, majority_vote, rewards_for)
 from rollout import make_engine, request_seed
 from sharding import all_sum, init_distributed, load_sharded, sync_engine_weights
-from teacher import ema_decay, ema_update, teacher_rollout
+from teacher import ema_alpha, ema_update, teacher_rollout
 
 
 @dataclasses.dataclass
@@ -142,15 +143,14 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
     m.scheduler.step()
 
     # 5. the teacher follows the policy (EMA), and the engine gets the updated policy
-    alpha = 1 - ema_decay(step - 1, args.steps - 1, args.ema_start, args.ema_end)
-    if m.teacher is not None:
+    alpha = ema_alpha(step, args.steps, args.ema_start, args.ema_end) if m.teacher is not None else None
+    if alpha:                                     # 0 after the last step: nothing samples from the teacher then
         ema_update(m.teacher, m.policy, alpha)
     t2 = time.perf_counter()
     m.sync_engine()
     t3 = time.perf_counter()
     times = {"t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": t3 - t2}
-    return step_record(step, groups, answers, gold, labels, rewards, stats, lr,
-                       alpha if m.teacher is not None else None, times, device, world_size)
+    return step_record(step, groups, answers, gold, labels, rewards, stats, lr, alpha, times, device, world_size)
 
 
 def step_record(step, groups, answers, gold, labels, rewards, stats, lr, ema_alpha, times, device, world_size):
@@ -261,6 +261,8 @@ def main(argv=None):
     args, resume = config.settings(argv, __doc__)
     if resume is not None and run.finished(resume, args):
         return
+    if args.ranks and "WORLD_SIZE" not in os.environ:     # python train.py --ranks N: start the N ranks here
+        return run.launch_ranks(args.ranks, os.path.abspath(__file__), sys.argv[1:] if argv is None else argv)
     rank, world_size, device = init_distributed()
     held_locks = run.lock_out(args.out, rank)      # noqa: F841  (open until the process ends: no other run on --out)
     earlier = run.earlier_outputs(args.out, args.overwrite, rank) if resume is None else []

@@ -38,7 +38,7 @@ from grpo import grpo_loss, group_advantages, loss_normalizers, make_batch, scor
 from rewards import labels_for, rewards_for, twin
 from rollout import request_seed
 from sharding import full_weights, init_distributed, load_sharded
-from teacher import ema_decay, ema_update, teacher_rollout
+from teacher import ema_alpha, ema_update, teacher_rollout
 
 STEP = 1                     # the step shown: the run's first
 SHOWN = 4                    # responses per view of the detailed question whose text is printed
@@ -298,18 +298,18 @@ def coreward2_branch(blocks, args, models, model_dir, device, prompts, indices, 
         f"{P} (coreward1's labels of q: {sum(is_equiv(lab, g) for lab, g in zip(coreward1_labels, gold))} of {P}); "
         f"mean reward {num(sum(map(sum, rewards)) / (P * G))}"])
 
-    alpha = 1 - ema_decay(STEP - 1, args.steps - 1, args.ema_start, args.ema_end)
+    alpha = ema_alpha(STEP, args.steps, args.ema_start, args.ema_end)
     teacher_value, policy_value = weight_at(teacher, *WEIGHT), weight_at(models.policy, *WEIGHT)
     old = {name: t.double().clone() for name, t in full_weights(teacher)}
     ema_update(teacher, models.policy, alpha)
     after = weight_at(teacher, *WEIGHT)
     error = max((t.double() - ((1 - alpha) * old[name] + alpha * p.double())).abs().max().item()
                 for (name, t), (_, p) in zip(full_weights(teacher), full_weights(models.policy)))
-    decays = [num(ema_decay(s - 1, args.steps - 1, args.ema_start, args.ema_end), 6)
-              for s in (1, args.steps // 2, args.steps)]
-    show(blocks, "ema", "teacher.py ema_decay, ema_update: teacher <- (1 - alpha) teacher + alpha policy", [
-        f"decay at steps 1, {args.steps // 2}, {args.steps}: {', '.join(decays)}",
-        f"alpha at step {STEP} = 1 - decay = {num(alpha)}",
+    shown = (1, args.steps // 2, args.steps - 1, args.steps)
+    alphas = [num(ema_alpha(s, args.steps, args.ema_start, args.ema_end), 6) for s in shown]
+    show(blocks, "ema", "teacher.py ema_alpha, ema_update: teacher <- (1 - alpha) teacher + alpha policy", [
+        f"alpha after steps {', '.join(map(str, shown))} of {args.steps}: {', '.join(alphas)}",
+        f"alpha after step {STEP} = 1 - decay({STEP} / {args.steps}) = {num(alpha)}",
         f"{WEIGHT[0]}{list(WEIGHT[1])}:",
         f"  teacher {teacher_value:.9g}  policy {policy_value:.9g}  teacher after {after:.9g}",
         f"  alpha (policy - teacher) = {num(alpha * (policy_value - teacher_value))}  "

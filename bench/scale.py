@@ -96,7 +96,8 @@ def memory_account(c, world_size=8, micro_tokens=16_384, compute_bytes=2, ref_by
     the insides of the one layer being recomputed (norm outputs and fp32 norm statistics, q, k, v,
     the attention output, the MLP's gate, up, activation and product); without, the insides of every
     layer. The output layer: the response positions' hidden states and their gradient, and one
-    chunk of `logit_chunk` positions' fp32 logits with two vocabulary-sized temporaries. vLLM takes
+    chunk of `logit_chunk` positions' fp32 logits with two vocabulary-sized temporaries; in bf16 also
+    its weight's gradient summed in fp32 over the chunks, and one chunk's product. vLLM takes
     `vllm_share` of the GPU; the weight sync adds one gathered parameter (the largest: the embedding)
     in the compute dtype."""
     P, layer = param_count(c)
@@ -113,7 +114,7 @@ def memory_account(c, world_size=8, micro_tokens=16_384, compute_bytes=2, ref_by
         "unsharded gradients (deferred sync)": 4 * P if defer_grad_sync else 0,
         "activations": (L * micro_tokens * H * compute_bytes + inside) if checkpointing else L * inside,
         "output layer: hidden states + one log-prob chunk":
-            2 * micro_tokens * H * compute_bytes + 3 * 4 * logit_chunk * V,
+            2 * micro_tokens * H * compute_bytes + 3 * 4 * logit_chunk * V + (compute_bytes < 4) * (4 + 2) * V * H,
         "weight sync (one gathered parameter)": compute_bytes * root if weight_sync else 0,
         "vLLM (weights + KV cache)": vllm_share * gpu_bytes,
     }

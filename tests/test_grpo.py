@@ -77,6 +77,42 @@ def test_the_kl_term_is_clamped_at_ten_as_verl_does():
     assert logp.grad[0, 0] == 0 and logp.grad[0, 1].item() == pytest.approx(0.1 * (1 - torch.e ** -0.2) / 2)
 
 
+@pytest.mark.parametrize("log_r", [100.0, -100.0])
+def test_a_token_far_from_the_reference_gives_a_finite_gradient(log_r):
+    """log π_ref - log π_θ = ±100: exp(100) overflows float32, and without clamping log_r first the gradient of
+    the clamped value is 0 · inf = NaN. As verl: log_r is clamped to ±20, k3 to 10, and the gradient is the
+    clamped branch's, zero; token 1 (r = -0.2) keeps its gradient."""
+    logp = torch.tensor([[min(0.0, -log_r), -1.0]], requires_grad=True)
+    ref = torch.tensor([[min(0.0, log_r), -1.2]])
+    assert (ref - logp.detach())[0, 0] == log_r
+    loss, _ = grpo_loss(logp, logp.detach(), ref, torch.zeros(1), torch.ones(1, 2), 0.2, 0.1, ZERO_VIEW,
+                        torch.tensor([2.0, 0.0]))
+    loss.backward()
+    assert loss.item() == pytest.approx(0.1 * (10 + 0.0187308) / 2, abs=1e-6)
+    assert logp.grad.isfinite().all() and logp.grad[0, 0] == 0
+    assert logp.grad[0, 1].item() == pytest.approx(0.1 * (1 - torch.e ** -0.2) / 2)
+
+
+def test_the_logged_kl_is_the_loss_kl(dist_world):
+    """A reference far from the policy (its output layer x 1000): most tokens' k3 exceeds 10. The logged kl sum is
+    the clamped k3 the loss uses, not the unclamped value (which is many times larger here)."""
+    batch = _batch()
+    model, far = _tiny_model(), _tiny_model()
+    with torch.no_grad():
+        far.lm_head.weight.mul_(1000)
+        logp, ref_logp = naive_logprobs(model, batch.input_ids, 1.0), naive_logprobs(far, batch.input_ids, 1.0)
+    log_r = ref_logp - logp
+    used = (grpo.k3(logp, ref_logp) * batch.mask).sum().item()
+    unclamped = ((log_r.exp() - log_r - 1) * batch.mask).sum().item()
+    assert unclamped > 2 * used and ((grpo.k3(logp, ref_logp) == 10) * batch.mask).sum() > batch.mask.sum() / 2
+    cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=1, micro_batch_size=6,
+                     max_grad_norm=1e9)
+    policy = shard(model)
+    stats = train_step(policy, shard(far.requires_grad_(False)), torch.optim.SGD(policy.parameters(), lr=0.0),
+                       batch, cfg, 1, order=torch.arange(6))
+    assert stats["kl_sum"] == pytest.approx(used, rel=1e-5)
+
+
 def _tiny_model(seed=0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
     torch.manual_seed(seed)

@@ -60,3 +60,29 @@ def test_a_head_that_is_not_a_plain_linear_layer_is_refused():
     model.lm_head.register_forward_hook(lambda module, args, out: 2 * out)
     with pytest.raises(ValueError, match="not its last hidden state times its output layer"):
         token_logprobs(model, b.input_ids, b.mask, 1.0)
+
+
+def test_the_output_layers_gradient_in_bf16_is_summed_in_fp32(monkeypatch):
+    """bf16, 512 response tokens in 64 chunks of 8: the output layer's gradient is as close to the exact one
+    (float64, from the same bf16 inputs and the same bf16 dz) as the one-pass gradient, which rounds once. Summed
+    in bf16 over the chunks it was 7 times further off."""
+    torch.manual_seed(0)
+    n, hidden_size, vocab = 512, 32, 64
+    hidden = torch.randn(n, hidden_size).bfloat16().requires_grad_()
+    weight = (0.3 * torch.randn(vocab, hidden_size)).bfloat16().requires_grad_()
+    targets, g = torch.randint(0, vocab, (n,)), torch.randn(n)
+
+    def weight_grad(chunk):
+        monkeypatch.setattr(logprobs, "LOGIT_CHUNK", chunk)
+        weight.grad = None
+        logp, _ = logprobs.ChunkedLogprobs.apply(hidden, weight, targets, 1.0, False)
+        (logp * g).sum().backward()
+        assert weight.grad.dtype == torch.bfloat16
+        return weight.grad.double()
+
+    h, w = hidden.detach().double(), weight.detach().double()
+    dz = -(h @ w.T).softmax(-1) * g[:, None].double()
+    dz[torch.arange(n), targets] += g.double()
+    exact = dz.bfloat16().double().T @ h
+    one_pass, chunked = ((weight_grad(chunk) - exact).abs().max() for chunk in (n, 8))
+    assert chunked <= 1.5 * one_pass

@@ -1,8 +1,8 @@
 """Checkpoints and resume: a run killed and resumed equals the run that was never interrupted.
 
-Each run is a `train.py` process of its own (under torchrun for 2 ranks), started in a session of
-its own (setsid). A hard kill must reach every process of the run at once: torchrun starts each
-worker in a session of its own too, so SIGKILL to torchrun's process group alone would leave the
+Each run is a `train.py` process of its own (starting 2 ranks with --ranks 2), started in a session
+of its own (setsid). A hard kill must reach every process of the run at once: torchrun's launcher starts
+each worker in a session of its own too, so SIGKILL to the launcher's process group alone would leave the
 workers running; the test sends SIGKILL to every process in the run's tree. A
 classroom run of 4 steps saves at steps 2 and 4; the interrupted run is killed once it has logged
 step 3, so that resuming from step 2 must also drop step 3's record from metrics.jsonl and
@@ -42,14 +42,13 @@ def _free_port():
 
 
 def start(out, ranks, *flags, env=None):
-    """A train.py run in a new session; its output goes to OUT.log. Several ranks meet through a
-    c10d rendezvous endpoint, as the nodes of a multi-node run do (RUNNING.md)."""
-    launcher = [sys.executable] if ranks == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={ranks}",
-         "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{_free_port()}"]
+    """A train.py run in a new session; its output goes to OUT.log. Several ranks are started by train.py
+    itself (--ranks)."""
     os.makedirs(out, exist_ok=True)
     log = open(f"{out}.log", "a")
-    return subprocess.Popen([*launcher, os.path.join(ROOT, "train.py"), "--out", str(out), *flags], cwd=ROOT,
+    ranks_flag = ["--ranks", str(ranks)] if ranks > 1 else []
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--out", str(out), *flags, *ranks_flag],
+                            cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": str(2 // ranks), **(env or {})})
 
@@ -248,7 +247,7 @@ def _other_value(action, value):
 
 
 FIXED = [a for a in config.build_parser()._actions
-         if a.option_strings and a.dest not in ("help", "out", "resume", "overwrite", *config.MAY_CHANGE_ON_RESUME)]
+         if a.option_strings and a.dest not in ("help", "out", *config.NOT_CONFIG, *config.MAY_CHANGE_ON_RESUME)]
 
 
 @pytest.mark.parametrize("action", FIXED, ids=[a.dest for a in FIXED])

@@ -9,7 +9,7 @@ from logprobs import token_logprobs
 from rewards import certainty_per_token, labels_for
 from rollout import make_engine, request_seed
 from sharding import full_weights, shard
-from teacher import ema_decay, ema_update, teacher_rollout
+from teacher import ema_alpha, ema_decay, ema_update, teacher_rollout
 
 
 def test_ema_update_by_hand(dist_world):
@@ -47,6 +47,18 @@ def test_cosine_schedule():
     assert ema_decay(100, 100, end=0.99999) == pytest.approx(0.99999)
     values = [ema_decay(s, 100) for s in range(101)]
     assert values == sorted(values)
+
+
+def test_the_ema_weight_of_each_step_is_the_official_one():
+    """α after step s of T is the official code's at the start of step s + 1 (`update_alpha`, t = global_steps - 1
+    = s, alpha_start 0.01, alpha_end 1e-4): hand-computed at T = 60 for the first, a middle and the last two steps."""
+    official = lambda s, T: 1e-4 + 0.5 * (0.01 - 1e-4) * (1 + math.cos(math.pi * max(0, min(s, T)) / T))
+    # cos(pi / 60) = 0.9986295347545738: 1e-4 + 0.00495 x 1.9986295347545738; at 30: 1e-4 + 0.00495
+    for step, expected in [(1, 0.009993216197035), (30, 0.00505), (59, 0.000106783802965)]:
+        assert ema_alpha(step, 60) == pytest.approx(expected, abs=1e-15)
+        assert ema_alpha(step, 60) == pytest.approx(official(step, 60), abs=1e-15)
+    assert ema_alpha(60, 60) == 0.0                  # the policy after the last step: no step samples from it
+    assert all(ema_alpha(s, 330) == pytest.approx(official(s, 330), abs=1e-15) for s in range(330))
 
 
 def test_the_teacher_samples_the_teacher_rollout(dist_world, tiny_model_dir):

@@ -153,10 +153,10 @@ def test_the_saved_model_is_the_trained_policy(short_run, method):
 @pytest.mark.parametrize("method", TEACHER_METHODS)
 def test_the_teacher_follows_its_ema_schedule_and_anchors_the_kl(short_run, method):
     run = short_run(method)
-    # α = 1 - decay, the decay going from 0.99 at the first step to 0.9999 at the last
+    # α = 1 - decay(s / T) after step s (the official code's weight); none after the last step
     alphas = [e["alpha"] for e in run.emas]
-    assert alphas == pytest.approx([0.01, 0.0001]) == [1 - ema_decay(s, STEPS - 1) for s in range(STEPS)]
-    assert [x["ema_alpha"] for x in run.step_records] == alphas
+    assert alphas == pytest.approx([0.00505]) == [1 - ema_decay(s, STEPS) for s in range(1, STEPS)]
+    assert [x["ema_alpha"] for x in run.step_records] == alphas + [0.0]
     teacher = run.emas[0]["teacher"]
     assert all(e["teacher"] is teacher and e["policy"] is run.steps[0]["policy"] for e in run.emas)
     assert all(call["ref"] is teacher for call in run.steps)           # the KL anchor is the teacher
@@ -585,24 +585,50 @@ def test_resume_of_a_finished_run_says_so_and_changes_nothing(finished_run, caps
     assert _contents(finished_run) == before
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_a_mistake_in_the_settings_is_one_line_and_status_2(tmp_path, ranks):
-    """Under python: the message alone on stderr, status 2, no traceback. Under torchrun with 2 ranks: the
-    message once, before torchrun's own report of its workers' status 2, and no worker traceback."""
+@pytest.mark.parametrize("launcher", ["python", "--ranks 2", "torchrun"])
+def test_a_mistake_in_the_settings_is_one_line_and_status_2(tmp_path, launcher):
+    """Under python, alone or starting 2 ranks (--ranks 2): the message alone on stderr, status 2, no traceback.
+    Under torchrun with 2 ranks: the message once, before torchrun's own report of its workers' status 2, and
+    no worker traceback."""
     import re
     from test_resume import _free_port
-    launcher = [sys.executable] if ranks == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend=c10d",
-         f"--rdzv_endpoint=127.0.0.1:{_free_port()}"]
-    res = subprocess.run([*launcher, os.path.join(ROOT, "train.py"), "--method", "gt", "--steps", "0",
-                          "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, os.path.join(ROOT, "train.py"), "--method", "gt", "--out", str(tmp_path / "run")]
+    if launcher == "torchrun":
+        command[1:1] = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend=c10d",
+                        f"--rdzv_endpoint=127.0.0.1:{_free_port()}"]
+    steps = [*command, "--steps", "0"] + (["--ranks", "2"] if launcher == "--ranks 2" else [])
+    res = subprocess.run(steps, cwd=ROOT, capture_output=True, text=True, timeout=300)
     message = "train.py: error: --steps 0 must be at least 1; nothing was run"
-    if ranks == 1:
-        assert (res.returncode, res.stderr, res.stdout) == (2, message + "\n", "")
-    else:
+    if launcher == "torchrun":
         assert res.stderr.count("train.py: error:") == 1 and message in res.stderr
         assert "RefusedSetting" not in res.stderr and re.search(r"exitcode\s*: 2", res.stderr)
+    else:
+        assert (res.returncode, res.stderr, res.stdout) == (2, message + "\n", "")
     assert not (tmp_path / "run").exists()
+    if launcher == "--ranks 2":            # a mistake the ranks find (a missing data file): from one rank, status 2
+        res = subprocess.run([*command, "--ranks", "2", "--data", str(tmp_path / "typo.parquet")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert (res.returncode, res.stdout) == (2, "")
+        assert res.stderr == f"train.py: error: no parquet file '{tmp_path / 'typo.parquet'}'\n"
+
+
+def test_a_failed_rank_is_its_traceback_and_one_line(tmp_path):
+    """--ranks N (run.launch_ranks): a rank's failure shows as that rank's own traceback and one line naming it,
+    not as torchrun's report and traceback; the launcher exits with status 1. A rank's status 2 adds nothing."""
+    script = tmp_path / "fails.py"
+    script.write_text("import os, sys\nrank = int(os.environ['RANK'])\n"
+                      "if sys.argv[1] == 'crash' and rank == 1:\n    raise RuntimeError('rank 1 broke')\n"
+                      "if sys.argv[1] == 'usage':\n    sys.exit(2)\n")
+    launch = [sys.executable, "-c", "import run, sys; run.launch_ranks(2, sys.argv[1], sys.argv[2:])", str(script)]
+    crash = subprocess.run([*launch, "crash"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert crash.returncode == 1
+    assert "RuntimeError: rank 1 broke" in crash.stderr and "ChildFailedError" not in crash.stderr
+    last_line = crash.stderr.rstrip().splitlines()[-1]
+    assert last_line == "fails.py: rank 1 stopped with exit status 1; its message is above"
+    usage = subprocess.run([*launch, "usage"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (usage.returncode, usage.stderr) == (2, "")
+    fine = subprocess.run([*launch, "fine"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (fine.returncode, fine.stderr) == (0, "")
 
 
 def test_a_model_folder_a_run_wrote_keeps_its_preset_and_a_checkpoint_becomes_one(finished_run, tmp_path):

@@ -24,6 +24,7 @@ import config
 import train
 from answers import is_equiv, majority_vote
 from conftest import ROOT
+from teacher import ema_alpha
 from walkthrough import OUTPUT_BLOCK, num
 
 DOCUMENT = os.path.join(ROOT, "WALKTHROUGH.md")
@@ -187,11 +188,12 @@ def test_at_step_1_the_update_is_the_policy_term_with_rho_1(walkthrough):
 
 def test_the_ema_moves_the_teacher_alpha_of_the_way_to_the_policy(walkthrough):
     blocks, _ = walkthrough
-    decays = [float(d) for d in find(blocks, "ema", r"^decay at steps .*?: (.*)$")[0].split(", ")]
-    assert decays[0] == config.DEFAULTS["ema_start"] and decays[-1] == config.DEFAULTS["ema_end"]
-    assert decays == sorted(decays)
-    alpha = float(find(blocks, "ema", r"^alpha at step 1 = 1 - decay = (\S+)$")[0])
-    assert alpha == pytest.approx(1 - config.DEFAULTS["ema_start"])
+    alphas = [float(a) for a in find(blocks, "ema", r"^alpha after steps .*?: (.*)$")[0].split(", ")]
+    steps = CLASSROOM["steps"]
+    assert alphas == [float(num(ema_alpha(s, steps), 6)) for s in (1, steps // 2, steps - 1, steps)]
+    assert alphas == sorted(alphas, reverse=True) and alphas[-1] == 0          # none after the last step
+    alpha = float(find(blocks, "ema", rf"^alpha after step 1 = 1 - decay\(1 / {steps}\) = (\S+)$")[0])
+    assert alpha == pytest.approx(ema_alpha(1, steps), rel=1e-3)
     values = find(blocks, "ema", r"teacher (\S+)  policy (\S+)  teacher after (\S+)$")
     teacher, policy, after = (float(x) for x in values)
     before_update, after_update = (float(x) for x in find(blocks, "update", r": (\S+) -> (\S+) \(change"))
