@@ -1126,18 +1126,6 @@ def _serve(limits):
             print(int(_math_equal(request[1], request[2], progress)), flush=True)
 
 
-class _InProcess:
-    """_math_equal in this process, with no time limit: for tests that watch sympy's work."""
-
-    @staticmethod
-    def equal(a, b):
-        return _math_equal(a, b)
-
-    @staticmethod
-    def clear():
-        pass
-
-
 _sympy = _SympyProcess()
 atexit.register(_sympy.close)
 

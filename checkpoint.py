@@ -18,7 +18,7 @@ Atomic: a checkpoint is written as step_S.partial/ and renamed to step_S/ by ran
 has written its part and every file and folder of it is on disk (fsync: each rank its own files,
 DCP its shards, rank 0 the whole folder once all have written; `publish`), so that a crash, even of
 the machine, never leaves a step_S/ with a torn file. A run killed during a save leaves the
-.partial folder, which `latest` never picks; the next save removes it. train.py publishes final/
+.partial folder, which `latest` never picks; the next save removes it. run.py publishes final/
 the same way. On several nodes, OUT must be a filesystem that every node sees: the ranks write into
 one folder and rank 0 renames it.
 """
@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import signal
 
 import torch
 import torch.distributed as dist
@@ -40,8 +39,6 @@ from sharding import reshard
 # What a checkpoint that cannot be read raises: DCP's CheckpointException derives from BaseException.
 LOAD_ERRORS = (Exception, dcp.api.CheckpointException)
 STEP_DIR = re.compile(r"step_(\d+)")        # a complete checkpoint's folder name; a killed save's ends in .partial
-# Test hook: set to a step number, the save of that step is killed (SIGKILL) after the weights are written.
-KILL_DURING_SAVE = "NANOCOREWARD_KILL_DURING_SAVE"
 
 
 def step_dir(out, step):
@@ -187,8 +184,6 @@ def save(out, step, policy, optimizer, teacher, trainer_state, config, tokenizer
         tokenizer.save_pretrained(os.path.join(partial, "hf"))
         with open(os.path.join(partial, "config.json"), "w") as f:
             json.dump(config, f, indent=1)
-    if os.environ.get(KILL_DURING_SAVE) == str(step):
-        os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()                                          # every rank's part is on disk
     if rank == 0:
         if os.path.exists(final):                           # this step saved before, by a run resumed from earlier

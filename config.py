@@ -1,11 +1,11 @@
 """A run's settings: the presets, the flags, and the checks that refuse what cannot work.
 
 A setting comes from the first of: the flag on the command line; the method's values
-(METHOD_DEFAULTS: a method is a set of argument values); the preset's (PRESETS: `classroom`, the
-default with no --model, runs the tiny world of world.py; `official`, the default with --model,
-is the paper's recipe as the official scripts run it; a model folder a run of this project wrote
-keeps that run's preset: `preset_of`); DEFAULTS, for what no preset sets. `python train.py --help`
-prints each flag's value in each preset and method, generated from these tables.
+(METHOD_DEFAULTS: a method is a set of argument values); the preset's (PRESET_TABLE, one row a
+setting with its value in each preset: `classroom`, the default with no --model, runs the tiny
+world of world.py; `official`, the default with --model, is the paper's recipe as the official
+scripts run it; a model folder a run of this project wrote keeps that run's preset: `preset_of`).
+`python train.py --help` prints each flag's value in each preset and method, from these tables.
 
 A mistake in what was asked for raises a UsageError: train.py prints its message alone and exits
 with status 2 (`exit_on_usage_error`).
@@ -54,26 +54,56 @@ def exit_on_usage_error(main, program):
         sys.exit(2)
 
 
-PRESETS = {
-    "classroom": dict(
-        data="classroom", questions_per_step=16, group_size=8, steps=60, lr=1e-4, weight_decay=0.0,
-        warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
-        max_prompt_len=64, max_response_len=48, mini_batches=1, micro_batch_size=256,
-        eval_data="classroom", eval_every=20, eval_k=8, eval_limit=200, eval_temperature=1.0, dtype="float32",
-        cpu_kv_cache_gib=0.25, save_every=20, activation_checkpointing=False,
-        max_tokens_per_micro_batch=4096),          # less padding than by count (bench/classroom.py)
-    "official": dict(
-        data="openrs", questions_per_step=128, group_size=8, epochs=3, lr=3e-6, weight_decay=0.01,
-        warmup_ratio=0.1, max_grad_norm=1.0, clip_eps=0.2, kl_coef=0.005, temperature=1.0,
-        max_prompt_len=512, max_response_len=3072, micro_batch_size=2,
-        mini_batches=1,                 # one update per step: ppo_mini_batch_size = train_batch_size = 128
-        max_tokens_per_micro_batch=16384,                      # the memory account of bench/scale.py
-        # the official scripts' validation: greedy only (eval_greedy) on the 5,000 MATH test questions every 10
-        # steps; --eval_k K adds K samples per question at --eval_temperature (avg@K, maj@K)
-        eval_data="math5000", eval_every=10, eval_k=0, eval_limit=None, eval_temperature=0.8, dtype="bfloat16",
-        cpu_kv_cache_gib=2.0, save_every=10,           # as Co-rewarding-I's script (Co-rewarding-II's: 30)
-        activation_checkpointing=True),
-}
+# Every setting's value in each preset, one row a setting. None: not set (--steps: from --epochs; --epochs: from
+# --steps; --eval_limit: every question). A method's values (METHOD_DEFAULTS) override the preset's, and a flag
+# given on the command line overrides both. A flag with no row here (--model, --out, ...) is None unless given.
+#  setting                       classroom      official
+PRESET_TABLE = [
+    ("data",                       "classroom",   "openrs"),
+    ("views",                      "original",    "original"),
+    ("teacher_prompts",            "same",        "same"),
+    ("seed",                       0,             0),
+    ("backend",                    "vllm",        "vllm"),
+    ("steps",                      60,            None),
+    ("epochs",                     None,          3),
+    ("questions_per_step",         16,            128),
+    ("group_size",                 8,             8),
+    ("lr",                         1e-4,          3e-6),
+    ("weight_decay",               0.0,           0.01),
+    ("warmup_ratio",               0.1,           0.1),
+    ("max_grad_norm",              1.0,           1.0),
+    ("clip_eps",                   0.2,           0.2),
+    ("kl_coef",                    0.005,         0.005),
+    ("temperature",                1.0,           1.0),
+    ("max_prompt_len",             64,            512),
+    ("max_response_len",           48,            3072),
+    ("mini_batches",               1,             1),         # official: ppo_mini_batch_size = train_batch_size = 128
+    ("micro_batch_size",           256,           2),
+    ("max_tokens_per_micro_batch", 4096,          16384),     # less padding than by count (bench/classroom.py); the
+                                                              # official one from the memory account of bench/scale.py
+    ("dtype",                      "float32",     "bfloat16"),
+    ("activation_checkpointing",   False,         True),
+    ("compile_layers",             False,         False),
+    ("defer_grad_sync",            False,         False),
+    ("cpu_kv_cache_gib",           0.25,          2.0),
+    ("gpu_memory_utilization",     0.75,          0.75),
+    # the official scripts' validation: greedy only (eval_greedy) on the 5,000 MATH test questions every 10 steps;
+    # --eval_k K adds K samples per question at --eval_temperature (avg@K, maj@K)
+    ("eval_data",                  "classroom",   "math5000"),
+    ("eval_every",                 20,            10),
+    ("eval_k",                     8,             0),
+    ("eval_limit",                 200,           None),
+    ("eval_temperature",           1.0,           0.8),
+    ("eval_samples",               4,             4),
+    ("save_every",                 20,            10),        # as Co-rewarding-I's script (Co-rewarding-II's: 30)
+    ("keep_last",                  2,             2),
+    ("ema_start",                  0.99,          0.99),
+    ("ema_end",                    0.9999,        0.9999),
+    ("max_sampler_gap",            0.1,           0.1),
+    ("sampler_gap_factor",         5.0,           5.0),
+]
+PRESET_NAMES = ("classroom", "official")           # PRESET_TABLE's columns
+PRESETS = {preset: {name: values[i] for name, *values in PRESET_TABLE} for i, preset in enumerate(PRESET_NAMES)}
 # A method is a set of argument values: these override the preset unless given on the command line.
 METHOD_DEFAULTS = {
     "coreward1": dict(views="both"),         # each view's vote labels the other's responses
@@ -82,26 +112,20 @@ METHOD_DEFAULTS = {
     "coreward3": dict(kl_coef=0.001, teacher_prompts="rephrased"),
     "coreward3_both": dict(kl_coef=0.001, views="both"),
 }
-# The defaults of flags that neither the preset nor the method sets.
-DEFAULTS = dict(views="original", teacher_prompts="same", seed=0, backend="vllm", ema_start=0.99, ema_end=0.9999,
-                max_sampler_gap=0.1, sampler_gap_factor=5.0, keep_last=2, gpu_memory_utilization=0.75,
-                defer_grad_sync=False, compile_layers=False, eval_samples=4)
 VIEWS = ("original", "both")
 TEACHER_PROMPTS = ("same", "rephrased")
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb",
                         "eval_samples")
-# Flags added after runs that may be resumed were checkpointed: the value those runs had.
-ADDED_SINCE = dict(compile_layers=False, sampler_gap_factor=5.0, eval_samples=4)
 # Flags that say how to start this process, not what the run is: not part of its configuration.
-NOT_CONFIG = ("resume", "overwrite", "preset_reason", "ranks")
+NOT_CONFIG = ("resume", "overwrite", "preset_reason", "ranks", "given")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
 
 
 def values_of(name):
-    """' [classroom: 60; official: none; coreward2: 0.001]': flag `name`'s value in each preset (and
-    DEFAULTS) and in each method that sets it; '' for a flag that none of them sets."""
-    presets = [(preset, {**DEFAULTS, **values}) for preset, values in PRESETS.items()]
+    """' [classroom: 60; official: none; coreward2: 0.001]': flag `name`'s value in each preset and in each
+    method that sets it; '' for a flag that none of them sets."""
+    presets = list(PRESETS.items())
     if not any(name in values for _, values in presets):
         return ""
     shown = [f"{preset}: {'none' if values.get(name) is None else values[name]}" for preset, values in presets]
@@ -123,7 +147,7 @@ FLAGS = [
                                                        "('same') or their rephrasings ('rephrased')"),
     ("eval_data", {}, "'classroom', a shipped benchmark (math500, gsm8k, amc, amc23, aime24, aime25) or math5000"),
     ("out", {}, "output folder (default: runs/METHOD; with --model, runs/METHOD-NAME: config.default_out)"),
-    ("overwrite", dict(action="store_true"), "replace the outputs of an earlier run in --out"),
+    ("overwrite", dict(action="store_true", default=None), "replace the outputs of an earlier run in --out"),
     ("resume", dict(nargs="?", const=LATEST, metavar="CHECKPOINT"),
      "continue the run in --out from its latest checkpoint, or from the CHECKPOINT folder named"),
     ("ranks", dict(type=int), "start this many ranks on this machine, one per GPU, as torchrun --standalone "
@@ -181,25 +205,26 @@ FLAGS = [
                                           "this (mean per token) in the run's first steps (run.SamplerGapWatch)"),
     ("sampler_gap_factor", dict(type=float), "... and after them by more than this times their mean"),
 ]
-ALIASES = {"questions_per_step": ["--pairs_per_step"]}
 
 
 def build_parser(argument_default=None, description=None):
     ap = argparse.ArgumentParser(description=description, argument_default=argument_default,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, options, help in FLAGS:
-        ap.add_argument(f"--{name}", *ALIASES.get(name, []), help=help + values_of(name), **options)
+        ap.add_argument(f"--{name}", help=help + values_of(name), **options)
     return ap
 
 
 def parse_args(argv=None, description=None):
-    """The run's settings: the flags given, then the method's and the preset's values, then DEFAULTS."""
+    """The run's settings: the flags given (their names in `args.given`), then the method's values, then the
+    preset's."""
     ap = build_parser(description=description)
     args = ap.parse_args(argv)
     if args.method is None and args.resume is None:
         ap.error("the following arguments are required: --method")
+    args.given = {name for name, value in vars(args).items() if value is not None}     # unset flags are None
     args.preset, args.preset_reason = (args.preset, "--preset") if args.preset else preset_of(args.model)
-    preset = {**DEFAULTS, **PRESETS[args.preset], **METHOD_DEFAULTS.get(args.method, {})}     # later ones win
+    preset = {**PRESETS[args.preset], **METHOD_DEFAULTS.get(args.method, {})}     # the method's values win
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -232,21 +257,20 @@ def preset_of(model):
     return "official", "--model: the paper's recipe (--preset classroom for the classroom's settings)"
 
 
-def given_flags(argv=None):
-    """The names of the flags on the command line."""
-    return set(vars(build_parser(argparse.SUPPRESS).parse_args(argv)))
-
-
 def config_of(args):
     """The run's configuration: what config.json and a checkpoint record."""
     return {k: v for k, v in vars(args).items() if k not in NOT_CONFIG}
 
 
-def resume_settings(args, given):
+def refuse(message):
+    """Stop before anything ran: a setting that cannot work."""
+    raise RefusedSetting(f"{message}; nothing was run")
+
+
+def resume_settings(args):
     """(settings, checkpoint path) of `--resume`: the checkpoint's configuration, with the flags given
-    now checked against it. A flag outside MAY_CHANGE_ON_RESUME that differs stops the run."""
-    def refuse(message):
-        raise RefusedSetting(f"{message}; nothing was run")
+    now (`args.given`) checked against it. A flag outside MAY_CHANGE_ON_RESUME that differs stops the run."""
+    given = args.given
     if args.overwrite:
         refuse("--resume continues the run in its folder and --overwrite would delete it: give one or the other")
     if args.resume == LATEST:
@@ -272,8 +296,8 @@ def resume_settings(args, given):
                 refuse(f"--resume {args.resume} is not in a run's checkpoints/ folder (a copy?): say which run folder "
                        f"it continues with --out, so that nothing beside the copy is taken for the run's")
             out = args.out
-    settings = {**ADDED_SINCE, **checkpoint.read_config(path)}
-    for name in sorted(given - {"resume", "out", "overwrite", "ranks"}):
+    settings = checkpoint.read_config(path)
+    for name in sorted(given - {"resume", "out", *NOT_CONFIG}):
         now, then = getattr(args, name), settings.get(name)
         if now == then:
             continue
@@ -284,14 +308,12 @@ def resume_settings(args, given):
             why = " (it sets the LR and EMA schedules)" if name in ("steps", "epochs") else ""
             refuse(f"--{name} {now} differs from the checkpoint's {then}{why} in {path}: a resumed run keeps its "
                    f"configuration; drop the flag, or start a new run in another --out")
-    kept = {"out": out, "resume": path, "overwrite": False, "ranks": args.ranks}
+    kept = {"out": out, "resume": path, "overwrite": None, "ranks": args.ranks, "given": given}
     return argparse.Namespace(**{**settings, **kept}), path
 
 
 def check_settings(args, world_size):
     """Refuse, before any compute, settings that cannot work."""
-    def refuse(message):
-        raise RefusedSetting(f"{message}; nothing was run")
     if not 0 < args.gpu_memory_utilization < 1:
         refuse(f"--gpu_memory_utilization {args.gpu_memory_utilization} must be between 0 and 1: the share of each "
                f"GPU vLLM takes; the trainer needs the rest")
@@ -346,11 +368,12 @@ def settings(argv=None, description=None):
     args = parse_args(argv, description)
     resume = None
     if args.resume is not None:
-        args, resume = resume_settings(args, given_flags(argv))
+        args, resume = resume_settings(args)
     started = int(os.environ.get("WORLD_SIZE", 0))            # the ranks torchrun started, if it did
-    if args.ranks is not None and (args.ranks < 1 or started and args.ranks != started):
-        raise RefusedSetting(f"--ranks {args.ranks}: " + ("must be at least 1" if args.ranks < 1 else
-                             f"this run was started with {started} ranks (by torchrun); drop --ranks or give "
-                             f"{started}") + "; nothing was run")
+    if args.ranks is not None and args.ranks < 1:
+        refuse(f"--ranks {args.ranks} must be at least 1")
+    if args.ranks is not None and started and args.ranks != started:
+        refuse(f"--ranks {args.ranks}: this run was started with {started} ranks (by torchrun); drop --ranks or give "
+               f"{started}")
     check_settings(args, args.ranks or started or 1)
     return args, resume

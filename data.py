@@ -157,8 +157,8 @@ def load_training(source, views):
         pairs = load_pairs(source)
     if views == "both" and any(p.rephrased is None for p in pairs):
         raise InputError(f"--data {source} has no rephrased questions, and --views both samples each question's "
-                         f"rephrasing too: give a pair file (columns {list(PAIR_COLUMNS)}; rephrase.py makes one), "
-                         f"or --views original (not for coreward1/coreward3, which need the twins)")
+                         f"rephrasing too: give a pair file (columns {list(PAIR_COLUMNS)}; tools/rephrase.py makes "
+                         f"one), or --views original (not for coreward1/coreward3, which need the twins)")
     return pairs, test_time
 
 
@@ -299,8 +299,7 @@ def load_benchmark(name, limit=None):
     if field is None:
         rows = verl_rows(path)[:limit]
     else:
-        with open(path) as f:
-            records = json.load(f) if path.endswith(".json") else [json.loads(line) for line in f if line.strip()]
+        records = json_records(path)
         rows = [benchmark_row(r, field, name == "gsm8k", f"{path}: row {i}") for i, r in enumerate(records[:limit])]
     for i, (_, answer) in enumerate(rows):
         if answer is None:
@@ -330,12 +329,13 @@ def prompt_encoder(tokenizer, classroom):
     return lambda q: tokenizer(f"{SYSTEM_PROMPT}\n\n{q}\n", add_special_tokens=False)["input_ids"]
 
 
-def drop_long(pairs, encode, max_prompt_len):
-    """Keep the pairs whose prompts (the rephrasing too, where there is one) fit; say how many were dropped."""
-    fits = lambda q: q is None or len(encode(q)) <= max_prompt_len
-    kept = [p for p in pairs if fits(p.original) and fits(p.rephrased)]
-    if len(kept) < len(pairs):
-        print(f"dropped {len(pairs) - len(kept)} of {len(pairs)} pairs whose prompt exceeds {max_prompt_len} tokens")
+def drop_long(items, prompts_of, max_prompt_len, what):
+    """The items whose prompts (prompts_of(item): their token ids) all fit in max_prompt_len tokens, for the
+    training pairs (both views) and the evaluation questions alike. Says how many `what` were dropped; a set
+    of which none fits is refused."""
+    kept = [item for item in items if all(len(prompt) <= max_prompt_len for prompt in prompts_of(item))]
+    if len(kept) < len(items):
+        print(f"dropped {len(items) - len(kept)} of {len(items)} {what} whose prompt exceeds {max_prompt_len} tokens")
     if not kept:
-        raise InputError(f"every pair's prompt exceeds --max_prompt_len {max_prompt_len}")
+        raise InputError(f"all {len(items)} {what} have a prompt longer than --max_prompt_len {max_prompt_len}")
     return kept

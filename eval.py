@@ -37,9 +37,12 @@ import re
 import tempfile
 import time
 
-from rewards import extract_answer, is_equiv, majority_vote
+import config
+from answers import extract_answer, is_equiv, majority_vote
 
-CLASSROOM_MAX_TOKENS = 48     # the classroom preset's response limit, so that eval.py reproduces training's evaluation
+# The settings of a run's own evaluation: the classroom preset's on the classroom, the official's elsewhere, so that
+# eval.py reproduces what training printed.
+CLASSROOM, OFFICIAL = config.PRESETS["classroom"], config.PRESETS["official"]
 PAPER_BENCHMARKS = {"math500": "MATH500 pass@1", "gsm8k": "GSM8K pass@1", "amc": "AMC avg@8"}
 # The paper's Table 8 (p. 21), Qwen3-4B-Base trained on OpenRS, in percent: MATH500 / GSM8K / AMC.
 PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55),
@@ -48,8 +51,8 @@ PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55),
                 "coreward2": (76.60, 89.23, 42.32)}
 
 
-def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM_MAX_TOKENS, seed=0, indices=None,
-                keep=0):
+def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM["max_response_len"], seed=0,
+                indices=None, keep=0):
     """(sums, examples) over this share of the questions. sums: {"n", "greedy", "avg", "maj"}.
     examples: the first `keep` questions' greedy response and first sample, each with its extracted
     answer, the gold answer and its 0/1 reward (train.py writes them to samples.jsonl). `indices` are the
@@ -96,11 +99,9 @@ def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None):
         problems = data.load_benchmark(name, limit)
         prompts, gold = [encode(p.question) for p in problems], [p.answer for p in problems]
     if max_prompt_len is not None:
-        kept = [i for i, p in enumerate(prompts) if len(p) <= max_prompt_len]
-        if len(kept) < len(prompts):
-            print(f"{name}: dropped {len(prompts) - len(kept)} of {len(prompts)} questions "
-                  f"whose prompt exceeds {max_prompt_len} tokens")
-        prompts, gold = [prompts[i] for i in kept], [gold[i] for i in kept]
+        kept = data.drop_long(list(zip(prompts, gold)), lambda question: [question[0]], max_prompt_len,
+                              f"{name} questions")
+        prompts, gold = [p for p, _ in kept], [g for _, g in kept]
     return prompts, gold
 
 
@@ -137,9 +138,12 @@ def parse_args(argv=None):
                          "training checkpoint (OUT/checkpoints/step_S)")
     ap.add_argument("--benchmarks", default="classroom", help="comma-separated benchmark names")
     ap.add_argument("--k", type=int, default=8, help="samples per question beside the greedy one (0: greedy only)")
-    ap.add_argument("--temperature", type=float, default=None, help="default: 1.0 on the classroom, else 0.8")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help=f"default: {CLASSROOM['eval_temperature']} on the classroom, else {OFFICIAL['eval_temperature']} "
+                         f"(the presets' --eval_temperature)")
     ap.add_argument("--max_tokens", type=int, default=None,
-                    help=f"default: {CLASSROOM_MAX_TOKENS} on the classroom (as in training), else 3072")
+                    help=f"default: {CLASSROOM['max_response_len']} on the classroom, else "
+                         f"{OFFICIAL['max_response_len']} (the presets' --max_response_len)")
     ap.add_argument("--limit", type=int, default=None, help="the first N questions of each benchmark")
     ap.add_argument("--out", default=None,
                     help="folder for results.md and results.json "
@@ -161,16 +165,15 @@ def parse_args(argv=None):
         args.benchmarks, args.k = ",".join(PAPER_BENCHMARKS), 8
         args.temperature = 0.8 if args.temperature is None else args.temperature
     args.benchmarks = args.benchmarks.split(",")
-    classroom = args.benchmarks == ["classroom"]
-    args.temperature = args.temperature if args.temperature is not None else (1.0 if classroom else 0.8)
-    args.max_tokens = args.max_tokens if args.max_tokens is not None else (CLASSROOM_MAX_TOKENS if classroom else 3072)
+    preset = CLASSROOM if args.benchmarks == ["classroom"] else OFFICIAL
+    args.temperature = args.temperature if args.temperature is not None else preset["eval_temperature"]
+    args.max_tokens = args.max_tokens if args.max_tokens is not None else preset["max_response_len"]
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     import checkpoint
-    import config
     model = args.model
     out = args.out or default_out(model)
     if os.path.exists(os.path.join(out, "results.json")) and not args.overwrite:
@@ -218,5 +221,4 @@ def evaluate_model(model_dir, args):
 
 
 if __name__ == "__main__":
-    import config
     config.exit_on_usage_error(main, "eval.py")

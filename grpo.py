@@ -86,7 +86,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, vie
     return loss, clipped
 
 
-def loss_normalizers(mask, view, world_size):
+def loss_normalizers_over_ranks(mask, view, world_size):
     """[VIEWS]: each view's response tokens in the global mini-batch / world_size (see NORMALISATION).
     mask [B, T-1] and view [B] of this rank's rows of the mini-batch."""
     n = torch.zeros(VIEWS, device=mask.device).index_add_(0, view, mask.sum(-1))
@@ -177,7 +177,7 @@ def pack_by_tokens(lengths, max_tokens, passes=0):
     return groups
 
 
-def micro_batches(lengths, cfg):
+def micro_batches_for_all_ranks(lengths, cfg):
     """Row indices [[i, ...], ...] of the sequences with token counts `lengths` [n], one list per
     forward/backward pass; `Batch.rows` pads each only to its own longest row.
 
@@ -198,7 +198,7 @@ def micro_batches(lengths, cfg):
 def score(model, batch, cfg):
     """logp [N, T-1] of a frozen model over the batch's response tokens, in micro-batches."""
     logp = torch.zeros(batch.mask.shape, device=batch.mask.device)
-    for rows in micro_batches(batch.lengths(), cfg):
+    for rows in micro_batches_for_all_ranks(batch.lengths(), cfg):
         part = batch.rows(rows)
         logp[rows, :part.mask.shape[1]] = token_logprobs(model, part.input_ids, part.mask, cfg.temperature)[0]
     return logp
@@ -209,7 +209,7 @@ def score_responses(model, batch, cfg, fn):
     """[N]: the mean over each response's tokens of fn(log-probs over the vocabulary [c, V]) -> [c],
     under the model at the sampling temperature, in micro-batches (the answer-free rewards)."""
     out = torch.zeros(len(batch), device=batch.mask.device)
-    for rows in micro_batches(batch.lengths(), cfg):
+    for rows in micro_batches_for_all_ranks(batch.lengths(), cfg):
         part = batch.rows(rows)
         out[rows] = token_values(model, part.input_ids, part.mask, cfg.temperature, fn).sum(-1) / part.mask.sum(-1)
     return out
@@ -252,9 +252,9 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     order = torch.randperm(len(batch)) if order is None else order
     lengths = batch.lengths()
     for update, mb in enumerate(order.to(m.device).chunk(cfg.mini_batches)):
-        normalizers = loss_normalizers(m[mb], batch.view[mb], world_size)
+        normalizers = loss_normalizers_over_ranks(m[mb], batch.view[mb], world_size)
         nonfinite = torch.zeros(2, device=m.device)          # [losses, sampler gaps] that are NaN or inf
-        passes = micro_batches(lengths[mb], cfg)
+        passes = micro_batches_for_all_ranks(lengths[mb], cfg)
         for j, part_rows in enumerate(passes):
             rows = mb[part_rows]
             part = batch.rows(rows)

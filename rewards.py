@@ -35,11 +35,11 @@ answered the rephrasing of the policy's group i.
 Departure from the official code: answers are compared and voted on as mathematics
 (answers.py), not as raw strings, so "\\frac12", "0.5" and "1/2" are one answer.
 """
-from answers import answer_classes, extract_answer, is_equiv, majority_vote  # noqa: F401  (re-exported API)
-
 import math
 
 import torch
+
+from answers import answer_classes, is_equiv, majority_vote
 
 METHODS = ("gt", "majority", "coreward1", "coreward2", "coreward3", "coreward3_both", "self_certainty", "entropy")
 TEACHER_METHODS = ("coreward2", "coreward3", "coreward3_both")   # label with the EMA teacher's votes

@@ -16,7 +16,7 @@ the kernels' arithmetic, which depends on the batch a request shares. `generate`
 (temperature > 0) request without a seed; greedy requests need none.
 
 `request_seed` derives a request's seed from who asks for what: the run's seed, the role (the
-policy's or the teacher's rollout, an evaluation; rephrase.py's own two), the step, the question's index in its
+policy's or the teacher's rollout, an evaluation; tools/rephrase.py's own two), the step, the question's index in its
 dataset and the view (0: the original question, 1: its rephrasing), through a stable hash
 (blake2b; Python's `hash()` is salted per process). The rank is not part of it. Seeds are
 multiples of 2**16, so the n ≤ 2**16 children of two requests never share a stream. Evaluations
@@ -51,7 +51,7 @@ import torch
 
 # The vLLM engine runs in this process, not in a subprocess of its own.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-# vLLM logs INFO lines at every weight load (about 140 in a default run), which break the progress bar:
+# vLLM logs INFO lines at every weight load, which break the progress bar:
 # warnings and errors only, unless the user chose a level. Read when vLLM is imported, so set it first.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
@@ -197,8 +197,7 @@ class VLLMEngine:
         # parameters the engine keeps as the checkpoint names and shapes them (not the fused or repacked ones)
         self.checkable = sorted(n for n, shape in engine_shapes.items() if self.expected.get(n) == shape)
         self.loads = 0
-        self.tokenizer = self.llm.get_tokenizer()
-        self.ends = end_tokens(model_dir, self.tokenizer)
+        self.ends = end_tokens(model_dir, self.llm.get_tokenizer())
 
     def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
         from vllm import SamplingParams

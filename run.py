@@ -247,7 +247,7 @@ class StopSignals:
                   flush=True)
         self.received = signum
 
-    def agreed(self, device):
+    def agreed_over_ranks(self, device):
         if self.launcher is not None and os.getppid() != self.launcher and self.received is None:
             print(f"the launcher (pid {self.launcher}) is gone: finishing this step, then writing a checkpoint",
                   flush=True)
@@ -291,12 +291,7 @@ def finished(path, args):
 
 def check_fingerprints(path, now):
     """Refuse to resume checkpoint `path` on other training questions or another start model."""
-    saved = checkpoint.read_trainer_state(path).get("fingerprints")
-    if saved is None:
-        print(f"resume: {path} was written before checkpoints held fingerprints: the training questions and the "
-              f"start model are not checked")
-        return
-    changes = checkpoint.fingerprint_changes(saved, now)
+    changes = checkpoint.fingerprint_changes(checkpoint.read_trainer_state(path)["fingerprints"], now)
     if changes:
         raise InputError(f"--resume {path}: the run's inputs changed since the checkpoint: " + "; ".join(changes)
                          + ". Resume with the data and model it was trained on, or start a new run; nothing was run")

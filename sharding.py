@@ -5,7 +5,7 @@ tensors); a plain `python train.py` is a world of one, so that every run takes t
 
 Sharding is FSDP2's `fully_shard` on each decoder layer, then on the root, on every run (a world
 of one included). Models are built on the meta device and filled shard by shard
-(`load_sharded`); the weight sync streams them parameter by parameter (`full_weights`): no rank
+(`load_sharded`); the weight sync streams them parameter by parameter (`gather_full_weights`): no rank
 holds a whole model on its device. FSDP2 averages gradients over ranks (grpo.py's NORMALISATION
 says how the loss accounts for it).
 """
@@ -90,7 +90,7 @@ def reshard(*models):
                 m.reshard()
 
 
-def full_weights(model, dtype=None):
+def gather_full_weights(model, dtype=None):
     """(name, full tensor) of each parameter, one at a time, in `dtype` (default: its own): each is cast
     on its shard, then all-gathered when the consumer asks for it, so a rank holds one full parameter
     beyond its shards, never a full copy of the model (the weight sync streams the model through).
@@ -113,10 +113,10 @@ class WeightSyncError(RuntimeError):
 
 
 def sync_engine_weights(engine, model):
-    """Load `model`'s weights into this rank's rollout engine (`full_weights`), checked by the engine
+    """Load `model`'s weights into this rank's rollout engine (`gather_full_weights`), checked by the engine
     (rollout.py: every tensor sent and taken, a sample read back). A collective: every rank stops,
     with the failing rank's words, if any rank's engine did not take its weights."""
-    problem = engine.load_weights(full_weights(model, engine.dtype))
+    problem = engine.load_weights(gather_full_weights(model, engine.dtype))
     failed = torch.tensor([float(problem is not None)])
     dist.all_reduce(failed)                       # a CPU tensor: gloo, on a CPU and beside NCCL on a GPU
     if failed.item():

@@ -21,11 +21,25 @@ One step (`training_step`):
    (grpo.py); a two-view method's loss is J(q) + J(q'), one token mean per view;
 5. move the teacher towards the policy (EMA), and load the updated weights into the engine.
 
-`main` sets up and runs the loop: a step, its record (`step_record`), an evaluation every
+`main` sets up and runs the loop: a step, its record (`step_record_over_ranks`), an evaluation every
 --eval_every steps, a checkpoint every --save_every. The settings and presets are config.py's; the
 run's folder, log, checkpoints, resume and stop signals are run.py's. The run stops before the
 optimizer step at the first NaN or infinite loss, gradient norm or sampler gap: nothing non-finite
 reaches the weights or a saved model.
+
+The step's collectives, in order (every rank reaches each, or the ranks wait for ever):
+- the teacher methods: the teacher's weights into the engine (`sync_engine_weights`: an all-gather
+  per parameter, then an all-reduce of the engines' verdicts);
+- the answer-free methods: the responses' scores (`score_responses`: the count of passes, a MAX
+  all-reduce in `micro_batches_for_all_ranks`, then FSDP's all-gathers in each forward);
+- `train_step`: the reference's log-probs (as the scores), then for each update the views' token
+  counts (`loss_normalizers_over_ranks`, an all-reduce), the count of passes, FSDP's all-gathers
+  and reduce-scatters in each forward and backward, the count of non-finite values (an
+  all-reduce) and the gradient norm (`clip_grad_norm_`, an all-reduce over the shards);
+- the updated policy's weights into the engine (`Models.sync_engine`, as the teacher's);
+- the step's record (`step_record_over_ranks`: an all-reduce of the sums, an all-gather of the votes).
+The loop around the step adds the evaluations' all-reduce (`all_sum`), the stop signals' all-reduce
+(`StopSignals.agreed_over_ranks`) and the checkpoints' barriers.
 """
 import dataclasses
 import functools
@@ -43,10 +57,11 @@ import checkpoint
 import config
 import data
 import run
+from answers import extract_answer, is_equiv, majority_vote
 from eval import accuracies, benchmark_prompts, eval_counts
 from grpo import NonFiniteError, StepConfig, group_advantages, make_batch, score_responses, train_step
 from rewards import (ANSWER_FREE_METHODS, TEACHER_METHODS, TWO_VIEW_METHODS, certainty_per_token, common_answer_share,
-                     extract_answer, group_diagnostics, is_equiv, labels_for, majority_vote, rewards_for)
+                     group_diagnostics, labels_for, rewards_for)
 from rollout import make_engine, request_seed
 from sharding import all_sum, init_distributed, load_sharded, sync_engine_weights
 from teacher import ema_alpha, ema_update, teacher_rollout
@@ -150,10 +165,12 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
     m.sync_engine()
     t3 = time.perf_counter()
     times = {"t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": t3 - t2}
-    return step_record(step, groups, answers, gold, labels, rewards, stats, lr, alpha, times, device, world_size)
+    return step_record_over_ranks(step, groups, answers, gold, labels, rewards, stats, lr, alpha, times, device,
+                                  world_size)
 
 
-def step_record(step, groups, answers, gold, labels, rewards, stats, lr, ema_alpha, times, device, world_size):
+def step_record_over_ranks(step, groups, answers, gold, labels, rewards, stats, lr, ema_alpha, times, device,
+                           world_size):
     """A step's line of metrics.jsonl: every rank's groups together."""
     sums = all_sum({
         **{k: v for k, v in stats.items() if k != "grad_norm"},
@@ -190,13 +207,14 @@ def training_questions(args, encode, rank):
     """The training questions (data.Pair), those whose prompts fit --max_prompt_len; with
     --views original and a teacher on the same prompts, without their rephrasings."""
     rephrasings = "both" if args.views == "both" or args.teacher_prompts == "rephrased" else "original"
-    pairs, args.test_time_training = (data.classroom_pairs("train"), False) if args.data == "classroom" else \
+    pairs, test_time_training = (data.classroom_pairs("train"), False) if args.data == "classroom" else \
         data.load_training(args.data, rephrasings)
-    if args.test_time_training and rank == 0:
+    if test_time_training and rank == 0:
         print(f"test-time training: the training questions are {args.data}'s test questions (as TTRL)")
     if rephrasings == "original":                     # the rephrasings are not sampled: not read, not checked
         pairs = [dataclasses.replace(p, rephrased=None) for p in pairs]
-    return data.drop_long(pairs, encode, args.max_prompt_len)
+    views = lambda pair: [encode(q) for q in (pair.original, pair.rephrased) if q is not None]
+    return data.drop_long(pairs, views, args.max_prompt_len, "pairs")
 
 
 def build_models(args, model_dir, device, pad_id):
@@ -219,8 +237,10 @@ def build_models(args, model_dir, device, pad_id):
 
 def step_config(args):
     """The settings of grpo.train_step, from the run's."""
-    return StepConfig(args.temperature, args.clip_eps, args.kl_coef, args.mini_batches, args.micro_batch_size,
-                      args.max_tokens_per_micro_batch or None, args.max_grad_norm, args.defer_grad_sync)
+    return StepConfig(temperature=args.temperature, clip_eps=args.clip_eps, kl_coef=args.kl_coef,
+                      mini_batches=args.mini_batches, micro_batch_size=args.micro_batch_size,
+                      max_tokens_per_micro_batch=args.max_tokens_per_micro_batch or None,      # 0: by count
+                      max_grad_norm=args.max_grad_norm, defer_grad_sync=args.defer_grad_sync)
 
 
 def cosine_with_warmup(total_steps, warmup_ratio):
@@ -322,7 +342,7 @@ def main(argv=None):
                 gap_watch.check(step, record)
                 if step % args.eval_every == 0 or step == args.steps:
                     evaluate(step, models.engine, eval_set, args, device, log, rank, tokenizer)
-                stopped = signals.agreed(device) and step < args.steps      # at the last step, simply finish
+                stopped = signals.agreed_over_ranks(device) and step < args.steps     # at the last step, simply finish
                 if stopped or (args.save_every and (step % args.save_every == 0 or step == args.steps)):
                     run.save_checkpoint(args, step, models, questions, wandb_id, fingerprints, tokenizer, rank,
                                         gap_watch.first)

@@ -129,7 +129,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="the top operators of one update, and nothing else")
-    ap.add_argument("--compile_layers", action="store_true", help="with --profile: the policy's decoder layers compiled")
+    ap.add_argument("--compile_layers", action="store_true",
+                    help="with --profile: the policy's decoder layers compiled")
     args = ap.parse_args()
     init_distributed()
     torch.set_num_threads(os.cpu_count())
@@ -161,7 +162,7 @@ def main():
     _, now, logp32 = measure(batch, args.repeats)
     rows.append(("now", now, flops(B * T, R), ""))
     lengths = batch.lengths()
-    passes = grpo.micro_batches(lengths, StepConfig(max_tokens_per_micro_batch=4096))
+    passes = grpo.micro_batches_for_all_ranks(lengths, StepConfig(max_tokens_per_micro_batch=4096))
     computed = sum(len(p) * int(lengths[p].max()) for p in passes)
     _, s, _ = measure(batch, args.repeats, budget=4096)
     rows.append((f"token budget 4096 ({len(passes)} passes)", s, flops(computed, R), ""))

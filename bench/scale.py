@@ -297,7 +297,7 @@ def child_step(model_dir, variant):
     batch = make_step_batch()
     cfg = StepConfig(temperature=1.0, kl_coef=0.005, mini_batches=1, micro_batch_size=2,
                      max_tokens_per_micro_batch=v.get("budget"), defer_grad_sync=v.get("defer", False))
-    passes = grpo.micro_batches(batch.lengths(), cfg)
+    passes = grpo.micro_batches_for_all_ranks(batch.lengths(), cfg)
     computed = sum(batch.rows(p).input_ids.shape[1] * len(p) for p in passes)
     seconds = []
     for _ in range(2):
@@ -316,7 +316,7 @@ def child_sync(model_dir, streamed):
     rank, _, _ = init_distributed()
     policy = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
     engine = HFEngine(model_dir, 8, 8, dtype="bfloat16")
-    weights = lambda: sharding.full_weights(policy, engine.dtype) if streamed else \
+    weights = lambda: sharding.gather_full_weights(policy, engine.dtype) if streamed else \
         [(name, t.full_tensor()) for name, t in policy.state_dict().items()]
     engine.load_weights(weights())                   # warm
     with PeakRSS() as mem:

@@ -12,7 +12,7 @@ with it and TRL with bench/.venv-trl/bin/python (this file again, with --trl_wor
 Two shapes (SHAPES), for both, with temperature 1.0 (no top-p, no top-k), lr 1e-4, KL coefficient
 0.005 to the start model, fp32, one optimizer update a step over the whole batch (token mean over
 the batch: TRL's loss_type="dapo"), reward 1 when the \\boxed answer equals the gold one (the `gt`
-method; TRL gets rewards.extract_answer / rewards.is_equiv), no evaluation in the timed steps:
+method; TRL gets answers.extract_answer / answers.is_equiv), no evaluation in the timed steps:
 - `classroom`: the classroom base model (world.base_model_dir()), 16 train pairs x 2 views x G=8 =
   256 responses a step of at most 48 tokens. Ours: train.py's classroom preset.
 - `real`: bench/scale.py's Qwen3-shaped model (vocabulary 151,936, head_dim 128, tied embeddings,
@@ -291,8 +291,8 @@ def trl_worker(out, shape, model_dir, steps, micro_batch, checkpointing):
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    import answers
     import data
-    import rewards
     import world
 
     s = SHAPES[shape]
@@ -316,7 +316,7 @@ def trl_worker(out, shape, model_dir, steps, micro_batch, checkpointing):
     now = {}
 
     def gt_reward(completions, answer, **_):
-        out = [float(rewards.is_equiv(rewards.extract_answer(c), a)) for c, a in zip(completions, answer)]
+        out = [float(answers.is_equiv(answers.extract_answer(c), a)) for c, a in zip(completions, answer)]
         now["reward"] = sum(out) / len(out)
         return out
 

@@ -4,7 +4,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+# The loop's modules, then the tools' folders, so that a test imports a tool as the tool's script imports its
+# neighbours (study.py imports plot). `import study` is study/study.py: a module wins over a folder without
+# __init__.py.
+sys.path[:0] = [ROOT] + [os.path.join(ROOT, folder) for folder in ("classroom", "study", "tools")]
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import os
 import sys
 
 import torch.distributed as dist
+from transformers import AutoTokenizer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -30,7 +31,8 @@ if __name__ == "__main__":
     engine = make_engine("vllm", model_dir, max_prompt_len=64, max_response_len=8)
     local_rank, device = engine.llm.collective_rpc(placement)[0]
     questions = world.make_split("test")[:2]
-    mine = [engine.tokenizer(world.format_prompt(questions[q].original))["input_ids"] for q in range(2)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    mine = [tok(world.format_prompt(questions[q].original))["input_ids"] for q in range(2)
             if q % world_size == rank]
     groups = engine.generate(mine, n=2, temperature=1.0, max_tokens=8,
                              seeds=[request_seed(0, "policy", 1, q) for q in range(2) if q % world_size == rank])

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from grpo import NonFiniteError, StepConfig, train_step  # noqa: E402
-from sharding import full_weights, init_distributed, shard  # noqa: E402
+from sharding import gather_full_weights, init_distributed, shard  # noqa: E402
 from test_grpo import _batch, _tiny_model  # noqa: E402
 
 N, MINI_BATCHES = 8, 2
@@ -43,13 +43,13 @@ def one_step(batch, mini_batches, order, **split):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     cfg = StepConfig(temperature=0.8, clip_eps=0.2, kl_coef=0.05, mini_batches=mini_batches, micro_batch_size=3,
                      max_grad_norm=1e9, **split)
-    start = {k: v.clone() for k, v in full_weights(model)}
+    start = {k: v.clone() for k, v in gather_full_weights(model)}
     try:
         train_step(model, ref, opt, batch, cfg, world, order=order)
     except NonFiniteError as e:
-        moved = any(not torch.equal(v, start[k]) for k, v in full_weights(model))
+        moved = any(not torch.equal(v, start[k]) for k, v in gather_full_weights(model))
         return {"stopped": str(e), "moved": moved}
-    return {k: v.clone() for k, v in full_weights(model)}
+    return {k: v.clone() for k, v in gather_full_weights(model)}
 
 
 if __name__ == "__main__":

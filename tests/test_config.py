@@ -18,7 +18,7 @@ METHODS = ["gt", "majority", "coreward1", "coreward2", "coreward3", "coreward3_b
     (["--steps", "0"], 1, "--steps 0 must be at least 1"),
     (["--steps", "-3"], 1, "--steps -3 must be at least 1"),
     (["--eval_every", "0"], 1, "--eval_every 0 must be at least 1"),
-    (["--pairs_per_step", "9"], 2, "--questions_per_step 9 must be divisible by the 2 ranks"),
+    (["--questions_per_step", "9"], 2, "--questions_per_step 9 must be divisible by the 2 ranks"),
     (["--questions_per_step", "8", "--group_size", "4", "--mini_batches", "3"], 2,
      "--mini_batches 3 must divide the 32 sequences each rank trains on per step"),
     (["--mini_batches", "0"], 1, "--mini_batches 0 must be at least 1"),
@@ -48,7 +48,7 @@ def test_settings_that_cannot_work_are_refused(flags, world_size, message):
 
 def test_settings_that_work_pass():
     config.check_settings(config.parse_args(["--method", "coreward1"]), 1)
-    config.check_settings(config.parse_args(["--method", "coreward1", "--pairs_per_step", "8", "--group_size", "4",
+    config.check_settings(config.parse_args(["--method", "coreward1", "--questions_per_step", "8", "--group_size", "4",
                                            "--mini_batches", "4"]), 2)
     config.check_settings(config.parse_args(["--method", "coreward1", "--model", "m"]), 8)     # the official preset
 
@@ -68,8 +68,8 @@ def test_the_official_preset_takes_one_update_per_step(method):
 
 
 def test_help_shows_each_flags_value_in_each_preset_and_method():
-    """`train.py --help` prints, for every flag a preset or DEFAULTS sets, its classroom and official
-    values, and the methods that set their own; none is written into a help string by hand."""
+    """`train.py --help` prints, for every flag of PRESET_TABLE, its classroom and official values, and the
+    methods that set their own; none is written into a help string by hand."""
     res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, env={**os.environ, "COLUMNS": "1000"})
     assert res.returncode == 0, res.stderr
@@ -84,9 +84,8 @@ def test_help_shows_each_flags_value_in_each_preset_and_method():
         in lines["--kl_coef"]
     assert "[classroom: 60; official: none]" in lines["--steps"]
     assert "[classroom: original; official: original; coreward1: both; coreward3_both: both]" in lines["--views"]
-    for name in {*config.DEFAULTS, *config.PRESETS["classroom"], *config.PRESETS["official"]}:
-        values = {**config.DEFAULTS, **config.PRESETS["classroom"]}, {**config.DEFAULTS, **config.PRESETS["official"]}
-        shown = [("none" if v.get(name) is None else str(v[name])) for v in values]
+    for name, classroom, official in config.PRESET_TABLE:
+        shown = [("none" if v is None else str(v)) for v in (classroom, official)]
         assert f"[classroom: {shown[0]}; official: {shown[1]}" in lines[f"--{name}"], name
     for name, _, help in config.FLAGS:
         assert set(re.findall(r"\b\d[\d.e-]*", help)) <= {"0"}, f"--{name}'s help states a number: {help}"

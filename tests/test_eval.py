@@ -115,7 +115,7 @@ def test_benchmark_prompts_drop_and_count_long_questions(tiny_model_dir, capsys)
     limit = sorted(map(len, prompts))[4]
     kept, kept_gold = evaluation.benchmark_prompts(tok, "aime24", limit=10, max_prompt_len=limit)
     assert kept == [p for p in prompts if len(p) <= limit] and len(kept) == len(kept_gold) >= 5
-    assert f"aime24: dropped {10 - len(kept)} of 10 questions" in capsys.readouterr().out
+    assert f"dropped {10 - len(kept)} of 10 aime24 questions" in capsys.readouterr().out
 
 
 def test_the_paper_settings_and_table():

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import grpo
-from grpo import (Batch, NonFiniteError, StepConfig, group_advantages, grpo_loss, micro_batches, pack_by_tokens,
-                  train_step)
+from grpo import (Batch, NonFiniteError, StepConfig, group_advantages, grpo_loss, micro_batches_for_all_ranks,
+                  pack_by_tokens, train_step)
 from logprobs import naive_logprobs, token_logprobs
-from sharding import full_weights, shard
+from sharding import gather_full_weights, shard
 from conftest import ROOT
 
 
@@ -57,7 +57,7 @@ def test_two_views_each_take_their_own_token_mean(dist_world):
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
     logp = torch.full((3, 3), -1.0, requires_grad=True)
     view, adv = torch.tensor([0, 0, 1]), torch.tensor([1.0, 2.0, -1.0])
-    normalizers = grpo.loss_normalizers(mask, view, world_size=1)
+    normalizers = grpo.loss_normalizers_over_ranks(mask, view, world_size=1)
     assert normalizers.tolist() == [4.0, 2.0]
     loss, _ = grpo_loss(logp, logp.detach(), logp.detach(), adv, mask, 0.2, 0.0, view, normalizers)
     assert loss.item() == pytest.approx(-5 / 4 + 2 / 2)               # one mean over all 6 would be -3 / 6
@@ -152,7 +152,7 @@ def test_micro_batches_are_padded_to_their_own_longest_row(dist_world):
     lengths = b.lengths()
     assert lengths.tolist() == [5, 6, 5, 10, 9, 10]           # prompt 3 + response 2, 3, 2, 7, 6, 7
     def efficiency(cfg):
-        passes = micro_batches(lengths, cfg)
+        passes = micro_batches_for_all_ranks(lengths, cfg)
         assert sorted(i for p in passes for i in p) == list(range(6))
         computed = sum(b.rows(p).input_ids.numel() for p in passes)
         return lengths.sum().item() / computed
@@ -186,7 +186,7 @@ def _train_once(micro_batch_size, mini_batches=1, world_size=1, activation_check
                      defer_grad_sync=defer_grad_sync)
     order = torch.randperm(6, generator=torch.Generator().manual_seed(0))
     train_step(model, ref, opt, _batch(), cfg, world_size, order=order)
-    return dict(full_weights(model))
+    return dict(gather_full_weights(model))
 
 
 @pytest.mark.parametrize("mini_batches", [1, 2])
@@ -310,7 +310,7 @@ def test_later_updates_take_their_ratio_against_the_sampling_policy(dist_world):
     model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
     stats = train_step(model, ref, torch.optim.SGD(model.parameters(), lr=lr), batch, cfg, 1, order=order)
     expected, norms = _plain_reference_step(batch, order, 2, lr, cfg)
-    for name, value in full_weights(model):
+    for name, value in gather_full_weights(model):
         assert torch.allclose(value, expected[name], atol=1e-5), name
     assert stats["clipped_sum"] > 0               # the first update's ratio is exactly 1: these clipped in the second
     assert norms[0] > norms[1] and stats["grad_norm"] == pytest.approx(max(norms), rel=1e-5)
@@ -332,7 +332,7 @@ def test_a_two_view_step_matches_the_reference(dist_world, mini_batches):
         one_view = dataclasses.replace(batch, view=torch.zeros(8, dtype=torch.long))
         train_step(model, ref, torch.optim.SGD(model.parameters(), lr=lr), batch if views == "two" else one_view,
                    cfg, 1, order=order)
-        stepped[views] = dict(full_weights(model))
+        stepped[views] = dict(gather_full_weights(model))
     expected, _ = _plain_reference_step(batch, order, mini_batches, lr, cfg)
     for name, value in stepped["two"].items():
         assert torch.allclose(value, expected[name], atol=1e-5), name
@@ -355,11 +355,11 @@ def test_a_non_finite_value_stops_the_step_before_the_weights_move(dist_world, m
         monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
                             lambda params, max_norm: real(params, max_norm) * float("inf"))
     model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
-    before = {k: v.clone() for k, v in full_weights(model)}
+    before = {k: v.clone() for k, v in gather_full_weights(model)}
     cfg = StepConfig(mini_batches=1, micro_batch_size=6)
     with pytest.raises(NonFiniteError, match=re.escape(message)):
         train_step(model, ref, torch.optim.AdamW(model.parameters(), lr=1e-2), batch, cfg, 1)
-    for name, value in full_weights(model):
+    for name, value in gather_full_weights(model):
         assert torch.equal(value, before[name]), name
 
 

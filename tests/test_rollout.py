@@ -4,6 +4,7 @@ Tolerance: 1e-4 per token (float32 on both sides; measured gaps are ~1e-7).
 """
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 import world
 from logprobs import token_logprobs
@@ -32,7 +33,7 @@ def _trainer_logprobs(model, sample, temperature):
 @pytest.mark.parametrize("backend", ["vllm", "hf"])
 def test_sampler_logprobs_match_trainer_after_sync(tiny_model_dir, backend):
     engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=16)
-    tok = engine.tokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:3]]
     seeds = [request_seed(0, "policy", 1, i) for i in range(len(prompts))]
     model = _perturbed(tiny_model_dir)
@@ -93,7 +94,7 @@ def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, ba
     gets what the whole batch got, and so does a fresh engine (what an engine sampled before does
     not matter: a resumed run starts a new one); other seeds get other responses."""
     engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=12)
-    tok = engine.tokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:6]]
     seeds = [request_seed(5, "policy", 3, i) for i in range(6)]
     sample = lambda e, idx: _texts(e.generate([prompts[i] for i in idx], n=3, temperature=1.0, max_tokens=12,
@@ -194,15 +195,16 @@ def test_a_response_ends_at_the_generation_configs_eos_too(tiny_model_dir, tmp_p
     import shutil
     from rollout import end_tokens
     engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=8)
-    prompt = engine.tokenizer(world.format_prompt(world.make_split("test")[0].original))["input_ids"]
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = tok(world.format_prompt(world.make_split("test")[0].original))["input_ids"]
     first = engine.generate([prompt], n=1, temperature=0.0, max_tokens=8)[0][0]
     engine.close()
-    assert len(first.token_ids) > 1 and first.token_ids[0] != engine.tokenizer.eos_token_id
+    assert len(first.token_ids) > 1 and first.token_ids[0] != tok.eos_token_id
     folder = tmp_path / "two_ends"
     shutil.copytree(tiny_model_dir, folder)
     config = json.loads((folder / "generation_config.json").read_text())
     (folder / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": [0, first.token_ids[0]]}))
-    assert end_tokens(str(folder), engine.tokenizer) == sorted({engine.tokenizer.eos_token_id, 0, first.token_ids[0]})
+    assert end_tokens(str(folder), tok) == sorted({tok.eos_token_id, 0, first.token_ids[0]})
     engine = make_engine(backend, str(folder), max_prompt_len=64, max_response_len=8)
     ended = engine.generate([prompt], n=1, temperature=0.0, max_tokens=8)[0][0]
     engine.close()

@@ -15,7 +15,7 @@ import run
 from conftest import ROOT
 from test_resume import _free_port, _state, process_tree, records
 
-SHORT = ["--method", "gt", "--pairs_per_step", "8", "--group_size", "4", "--eval_limit", "16", "--eval_every", "100"]
+SHORT = ["--method", "gt", "--questions_per_step", "8", "--group_size", "4", "--eval_limit", "16", "--eval_every", "100"]
 
 
 def launch(out, *flags, torchrun=False, log=None):

@@ -1,5 +1,5 @@
 """The committed study results redraw from their committed runs: in each study folder whose
-runs/ holds the runs' metrics.jsonl and config.json, `study.py --plot-only` writes the same
+runs/ holds the runs' metrics.jsonl and config.json, `study/study.py --plot-only` writes the same
 table.md and the same figures (pixel for pixel) as the ones committed beside them."""
 import glob
 import os

@@ -8,7 +8,7 @@ import world
 from logprobs import token_logprobs
 from rewards import certainty_per_token, labels_for
 from rollout import make_engine, request_seed
-from sharding import full_weights, shard
+from sharding import gather_full_weights, shard
 from teacher import ema_alpha, ema_decay, ema_update, teacher_rollout
 
 
@@ -35,7 +35,7 @@ def test_ema_update_on_sharded_models(dist_world, tiny_model_dir):
     ids = torch.tensor([[2, 3, 4, 5]])
     teacher(ids), policy(ids)              # as in training: forwards leave the root's parameters gathered
     ema_update(teacher, policy, alpha=0.1)
-    for name, value in full_weights(teacher):
+    for name, value in gather_full_weights(teacher):
         assert torch.allclose(value, expected[name], atol=1e-6), name
 
 
@@ -72,7 +72,8 @@ def test_the_teacher_samples_the_teacher_rollout(dist_world, tiny_model_dir):
         for p in teacher.parameters():
             p.add_(0.05 * torch.randn_like(p))
     engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=12)
-    prompts = [engine.tokenizer(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:2]]
+    tok = world.build_tokenizer()
+    prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:2]]
 
     def gap(model, groups):
         worst = 0.0
@@ -86,7 +87,7 @@ def test_the_teacher_samples_the_teacher_rollout(dist_world, tiny_model_dir):
     seeds = [request_seed(0, "teacher", 1, i) for i in range(len(prompts))]
     taught = teacher_rollout(engine, teacher, prompts, seeds, n=2, temperature=1.0, max_tokens=12)
     assert gap(teacher, taught) < 1e-4 < gap(policy, taught)         # the teacher sampled these
-    engine.load_weights(full_weights(policy))
+    engine.load_weights(gather_full_weights(policy))
     after = engine.generate(prompts, n=2, temperature=1.0, max_tokens=12, seeds=seeds)
     assert gap(policy, after) < 1e-4 < gap(teacher, after)           # and the policy is back
     engine.close()

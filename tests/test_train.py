@@ -22,7 +22,7 @@ import world
 from answers import majority_vote
 from conftest import ROOT
 from grpo import NonFiniteError, group_advantages
-from sharding import full_weights
+from sharding import gather_full_weights
 from teacher import ema_decay
 
 METHODS = ["gt", "majority", "coreward1", "coreward2", "coreward3", "coreward3_both", "self_certainty", "entropy"]
@@ -35,7 +35,7 @@ SHORT = ["--steps", str(STEPS), "--questions_per_step", str(PAIRS), "--group_siz
 
 
 def _clone(model):
-    return {name: t.detach().clone() for name, t in full_weights(model)}
+    return {name: t.detach().clone() for name, t in gather_full_weights(model)}
 
 
 @dataclass
@@ -354,7 +354,7 @@ def test_cosine_schedule_with_warmup_by_hand():
 def test_prompt_limit_too_small_is_refused(tmp_path):
     res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--method", "coreward1", "--max_prompt_len",
                           "10", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert res.returncode != 0 and "every pair's prompt exceeds --max_prompt_len 10" in res.stderr
+    assert res.returncode != 0 and "pairs have a prompt longer than --max_prompt_len 10" in res.stderr
 
 
 
@@ -521,7 +521,7 @@ def test_a_single_view_method_runs_on_a_question_set_without_rephrasings(tmp_pat
 
 def test_a_crash_while_writing_the_final_model_leaves_no_final_folder(tmp_path, monkeypatch):
     """final/ is written as final.partial/ and renamed once on disk: a crash in between leaves no
-    final/ that study.py would count as a finished run."""
+    final/ that study/study.py would count as a finished run."""
     import checkpoint
     real = checkpoint.fsync_files
 

@@ -1,4 +1,5 @@
-"""walkthrough.py and WALKTHROUGH.md: one coreward1 step printed stage by stage, and the document that shows it.
+"""classroom/walkthrough.py and WALKTHROUGH.md: one coreward1 step printed stage by stage, and the document that
+shows it.
 
 The script runs once, as a reader runs it (a subprocess), and rewrites a copy of the document: the committed
 WALKTHROUGH.md must show exactly the blocks it prints. Then the printed values are held to what the algorithm says
@@ -37,10 +38,10 @@ BLOCK = re.compile(r"^\[(\w+)\] .*?(?=\n\n)", re.M | re.S)      # a printed bloc
 @pytest.fixture(scope="module")
 def walkthrough(tmp_path_factory):
     """(the printed blocks by name, the copy of the document it rewrote) of one run of
-    `python walkthrough.py --markdown COPY`."""
+    `python classroom/walkthrough.py --markdown COPY`."""
     copy = tmp_path_factory.mktemp("walkthrough") / "WALKTHROUGH.md"
     shutil.copy(DOCUMENT, copy)
-    done = subprocess.run([sys.executable, "walkthrough.py", "--markdown", str(copy)], cwd=ROOT, env=ENV,
+    done = subprocess.run([sys.executable, "classroom/walkthrough.py", "--markdown", str(copy)], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     blocks = {m.group(1): m.group(0) + "\n" for m in BLOCK.finditer(done.stdout)}
@@ -92,8 +93,8 @@ def test_the_document_shows_what_the_script_prints(walkthrough):
     shown = {m.group(2): m.group(3) for m in OUTPUT_BLOCK.finditer(committed)}
     assert list(shown) == list(printed)                 # every block, once, in the order of the step
     stale = [name for name in printed if shown[name] != printed[name]]
-    assert not stale, (f"WALKTHROUGH.md's blocks {stale} are not what walkthrough.py prints; regenerate them: "
-                       f"OMP_NUM_THREADS=1 python walkthrough.py --markdown WALKTHROUGH.md")
+    assert not stale, (f"WALKTHROUGH.md's blocks {stale} are not what classroom/walkthrough.py prints; regenerate "
+                       f"them: OMP_NUM_THREADS=1 python classroom/walkthrough.py --markdown WALKTHROUGH.md")
     assert regenerated == committed                     # --markdown rewrites the blocks and keeps the prose
 
 
@@ -151,8 +152,8 @@ def test_advantages_are_the_rewards_normalised_within_each_group(walkthrough):
 
 
 def test_the_record_counts_what_the_step_table_shows(walkthrough):
-    """step_record's rates are the table's counts: rewards, groups without signal, labels equal to the gold answer
-    (each view's label is the other view's vote)."""
+    """step_record_over_ranks's rates are the table's counts: rewards, groups without signal, labels equal to the
+    gold answer (each view's label is the other view's vote)."""
     blocks, _ = walkthrough
     rows, line = step_table(blocks), record(blocks)
     rewards = [r for _, _, views in rows for _, r, _, _ in views]

@@ -2,7 +2,7 @@
 import re
 
 import world
-from rewards import extract_answer
+from answers import extract_answer
 
 
 def test_splits_are_disjoint_and_deterministic():

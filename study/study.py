@@ -1,8 +1,8 @@
 """The stability study: every method over several seeds, their figures, and a table.
 
-    python study.py --out study/default                     # every method, 3 seeds, 100 steps: hours on 2 cores
-    python study.py --out study/lr5e-4 -- --lr 5e-4         # flags after -- go to train.py
-    python study.py --steps 300 --methods gt,majority,coreward1,coreward2 --out study/long
+    python study/study.py --out study/default                     # every method, 3 seeds, 100 steps: hours on 2 cores
+    python study/study.py --out study/lr5e-4 -- --lr 5e-4         # flags after -- go to train.py
+    python study/study.py --steps 300 --methods gt,majority,coreward1,coreward2 --out study/long
 
 Each (method, seed) is one `train.py` run in OUT/runs/METHOD_sSEED, one after another. The study
 can be stopped and started again at will, as the run checkpoints let it go on where it stopped:
@@ -12,7 +12,7 @@ can be stopped and started again at will, as the run checkpoints let it go on wh
 - any other run starts afresh (`--overwrite`).
 
 After the runs (and with --plot-only, from whatever the runs have logged so far) it draws
-OUT/eval.png and OUT/train.png (plot.py) and writes OUT/table.md: for each method, the first,
+OUT/eval.png and OUT/train.png (study/plot.py) and writes OUT/table.md: for each method, the first,
 best and last evaluation of avg@k, greedy and maj@k, as the mean over seeds and the min-max over
 seeds, and the step at which each seed's collapse warning first fired.
 """
@@ -21,12 +21,13 @@ import os
 import subprocess
 import sys
 
-import checkpoint
-import plot
-from rewards import METHODS
-from run import CollapseWatch
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)                                   # the loop's modules
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import checkpoint  # noqa: E402
+import plot  # noqa: E402
+from rewards import METHODS  # noqa: E402
+from run import CollapseWatch  # noqa: E402
 
 
 def run_dir(out, method, seed):
@@ -47,7 +48,7 @@ def command(path, method, seed, steps, extra):
     action = plan(path)
     if action == "skip":
         return None
-    base = [sys.executable, os.path.join(HERE, "train.py"), "--out", path]
+    base = [sys.executable, os.path.join(ROOT, "train.py"), "--out", path]
     if action == "resume":
         return base + ["--resume"]
     return base + ["--method", method, "--seed", str(seed), "--steps", str(steps), "--overwrite", *extra]

@@ -1,6 +1,6 @@
 """Figures of runs: each method's mean over seeds, with its min-max band, against the step.
 
-    python plot.py study/default/runs/*/ --out /tmp/figures     # the runs study.py writes, or any others
+    python study/plot.py study/default/runs/*/ --out /tmp/figures     # the runs study/study.py writes, or any others
 
 Each RUN_DIR holds a run's metrics.jsonl and config.json (train.py writes both); the method and the
 seed come from config.json. Runs of the same method are its seeds: at each step that every one of

@@ -1,14 +1,14 @@
 """One Co-rewarding-I training step, stage by stage, with the values of the real step.
 
-    OMP_NUM_THREADS=1 python walkthrough.py                             # print the step
-    OMP_NUM_THREADS=1 python walkthrough.py --markdown WALKTHROUGH.md   # and rewrite the document's output blocks
+    OMP_NUM_THREADS=1 python classroom/walkthrough.py                            # print the step
+    OMP_NUM_THREADS=1 python classroom/walkthrough.py --markdown WALKTHROUGH.md  # and rewrite its output blocks
 
 It runs step 1 of `python train.py --method coreward1` (the classroom preset, seed 0) in one process, a
 world of one, and calls the functions train.py's `training_step` calls, in its order, on the same 16
 questions with the same request seeds (rollout.request_seed, role "policy", step 1). It prints what each
 stage gives: the questions and their rephrasings, the sampled responses and their answers, each view's
 vote and the cross-labels, the rewards, the group advantages, the loss's policy and KL terms, the update,
-the weight sync and the step's line of metrics.jsonl (train.py's `step_record`). Every question of the
+the weight sync and the step's line of metrics.jsonl (train.py's `step_record_over_ranks`). Every question of the
 step gets one line; one is shown in detail: the first of the step whose two groups both carry a learning
 signal (rewards not all equal).
 
@@ -25,20 +25,23 @@ import argparse
 import functools
 import os
 import re
+import sys
 
 import torch
 import torch.distributed as dist
 
-import config
-import data
-import train
-import world
-from answers import extract_answer, is_equiv, majority_vote
-from grpo import grpo_loss, group_advantages, loss_normalizers, make_batch, score, train_step
-from rewards import labels_for, rewards_for, twin
-from rollout import request_seed
-from sharding import full_weights, init_distributed, load_sharded
-from teacher import ema_alpha, ema_update, teacher_rollout
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # the loop's modules
+
+import config  # noqa: E402
+import data  # noqa: E402
+import train  # noqa: E402
+import world  # noqa: E402
+from answers import extract_answer, is_equiv, majority_vote  # noqa: E402
+from grpo import grpo_loss, group_advantages, loss_normalizers_over_ranks, make_batch, score, train_step  # noqa: E402
+from rewards import labels_for, rewards_for, twin  # noqa: E402
+from rollout import request_seed  # noqa: E402
+from sharding import gather_full_weights, init_distributed, load_sharded  # noqa: E402
+from teacher import ema_alpha, ema_update, teacher_rollout  # noqa: E402
 
 STEP = 1                     # the step shown: the run's first
 SHOWN = 4                    # responses per view of the detailed question whose text is printed
@@ -110,7 +113,7 @@ def fill_document(path, blocks):
 
 def weight_at(model, name, index):
     """One weight of a sharded model, as a Python float."""
-    return float(dict(full_weights(model))[name][index])
+    return float(dict(gather_full_weights(model))[name][index])
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,8 +229,8 @@ def walk():
     stats = train_step(models.policy, models.ref, models.optimizer, batch, step_cfg, world_size)
     models.scheduler.step()
     after = weight_at(models.policy, *WEIGHT)
-    moved = max((p - r).abs().max().item() for (_, p), (_, r) in zip(full_weights(models.policy),
-                                                                     full_weights(models.ref)))
+    moved = max((p - r).abs().max().item() for (_, p), (_, r) in zip(gather_full_weights(models.policy),
+                                                                     gather_full_weights(models.ref)))
     show(blocks, "update", "grpo.py train_step: the gradient of the loss, clipped, and one AdamW step", [
         f"grad_norm {num(stats['grad_norm'])} (clipped to {args.max_grad_norm})  "
         f"clip_frac {num(stats['clipped_sum'] / stats['tokens'])}  kl {num(stats['kl_sum'] / stats['tokens'])}",
@@ -237,15 +240,16 @@ def walk():
 
     # 5. the EMA (coreward1 has no teacher), then the sync: the engine gets the updated policy
     models.sync_engine()
-    synced = sum(1 for _ in full_weights(models.policy, models.engine.dtype))
+    synced = sum(1 for _ in gather_full_weights(models.policy, models.engine.dtype))
     show(blocks, "sync", "train.py Models.sync_engine: the updated policy's weights into the vLLM engine", [
         f"{synced} tensors ({models.engine.dtype}) for {len(list(models.policy.parameters()))} parameters, by their "
         f"Hugging Face names (a tied one under each of its names)",
         f"sampler_gap {stats['sampler_gap_sum'] / stats['tokens']:.1e}: the mean |vLLM - trainer| log-prob per "
         f"token of this step's responses (a run stops above {args.max_sampler_gap})"])
 
-    record = train.step_record(STEP, groups, answers, gold, labels, rewards, stats, lr, None, {}, device, world_size)
-    show(blocks, "record", "train.py step_record: the step's line of metrics.jsonl (without its times)",
+    record = train.step_record_over_ranks(STEP, groups, answers, gold, labels, rewards, stats, lr, None, {}, device,
+                                          world_size)
+    show(blocks, "record", "train.py step_record_over_ranks: the step's line of metrics.jsonl (without its times)",
          wrap([f"{key} {num(v, 2 if key == 'sampler_gap' else 4) if isinstance(v, float) else v}"
                for key, v in record.items()]))
 
@@ -264,7 +268,7 @@ def loss_terms(batch, logp, ref_logp, view, cfg, world_size):
     at one update per step, so rho = 1 at every token."""
     rows = (batch.view == view).nonzero().flatten()
     part = batch.rows(rows)
-    width, normalizers = part.mask.shape[1], loss_normalizers(part.mask, part.view, world_size)
+    width, normalizers = part.mask.shape[1], loss_normalizers_over_ranks(part.mask, part.view, world_size)
     policy, ref = logp[rows, :width], ref_logp[rows, :width]
     policy_term = grpo_loss(policy, policy, ref, part.advantages, part.mask, cfg.clip_eps, 0.0, part.view,
                             normalizers)[0].item()
@@ -300,11 +304,11 @@ def coreward2_branch(blocks, args, models, model_dir, device, prompts, indices, 
 
     alpha = ema_alpha(STEP, args.steps, args.ema_start, args.ema_end)
     teacher_value, policy_value = weight_at(teacher, *WEIGHT), weight_at(models.policy, *WEIGHT)
-    old = {name: t.double().clone() for name, t in full_weights(teacher)}
+    old = {name: t.double().clone() for name, t in gather_full_weights(teacher)}
     ema_update(teacher, models.policy, alpha)
     after = weight_at(teacher, *WEIGHT)
     error = max((t.double() - ((1 - alpha) * old[name] + alpha * p.double())).abs().max().item()
-                for (name, t), (_, p) in zip(full_weights(teacher), full_weights(models.policy)))
+                for (name, t), (_, p) in zip(gather_full_weights(teacher), gather_full_weights(models.policy)))
     shown = (1, args.steps // 2, args.steps - 1, args.steps)
     alphas = [num(ema_alpha(s, args.steps, args.ema_start, args.ema_end), 6) for s in shown]
     show(blocks, "ema", "teacher.py ema_alpha, ema_update: teacher <- (1 - alpha) teacher + alpha policy", [

