@@ -2,12 +2,17 @@
 train, the train phase's FLOP/s, its peak memory and the padding, in a table.
 
     python3 -m venv bench/.venv-trl && bench/.venv-trl/bin/pip install -r bench/requirements-trl.txt
-    .venv/bin/python bench/trl.py --pairs 3                    # the classroom: ours, TRL, ours, TRL, ...
+    bench/.venv-trl/bin/pip uninstall -y torchvision torchaudio torchcodec      # as the README's install
+    .venv/bin/python bench/trl.py --pairs 3           # the classroom: ours, TRL + vLLM, TRL + generate, ours, ...
     .venv/bin/python bench/trl.py --shape real --steps 3       # the real vocabulary and 1,024-token responses
 
-TRL lives in bench/.venv-trl only (same torch and transformers as requirements.txt, trl on top), so
-that it cannot move the project's pins; this script runs with the project's venv, starts `train.py`
-with it and TRL with bench/.venv-trl/bin/python (this file again, with --trl_worker).
+TRL lives in bench/.venv-trl only (same torch, transformers and vLLM as requirements.txt, trl on
+top), so that it cannot move the project's pins; this script runs with the project's venv, starts
+`train.py` with it and TRL with bench/.venv-trl/bin/python (this file again, with --trl_worker).
+TRL runs twice: with vLLM colocated in its process (`use_vllm=True, vllm_mode="colocate"`, what a
+TRL user who wants speed turns on), and with transformers' generate. TRL 1.16 supports vLLM up to
+0.31 and warns at the project's 0.32; with either, its colocated weight sync fails on a CPU, and
+`reload_weights_through_vllm` is the one change that makes it run.
 
 Two shapes (SHAPES), for both, with temperature 1.0 (no top-p, no top-k), lr 1e-4, KL coefficient
 0.005 to the start model, fp32, one optimizer update a step over the whole batch (token mean over
@@ -31,10 +36,11 @@ method; TRL gets answers.extract_answer / answers.is_equiv), no evaluation in th
   t_sync (loading the new weights into vLLM). train.py runs under a wrapper that notes each pass's
   shape (grpo.Batch.rows) and the wall-clock bounds of grpo.train_step, the train phase's memory
   window.
-- TRL: GRPOTrainer with transformers' generate (no vLLM), gradient accumulation such that one
-  optimizer step = one generation batch, num_iterations 1. A step is on_step_begin to on_step_end
-  (a TrainerCallback); its rollout is GRPOTrainer._generate (tokenise the prompts, generate,
-  decode) and its train phase is the rest: rewards, the reference forward, the policy's forward and
+- TRL: GRPOTrainer with vLLM (colocated, vLLM's defaults otherwise) or with transformers' generate,
+  gradient accumulation such that one optimizer step = one generation batch, num_iterations 1. A
+  step is on_step_begin to on_step_end (a TrainerCallback); its rollout is GRPOTrainer._generate
+  (tokenise the prompts, with vLLM load the new weights into it, generate, decode) and its train
+  phase is the rest: rewards, the reference forward, the policy's forward and
   backward, the optimizer. With num_iterations 1 and generation aligned with the optimizer step,
   TRL computes no separate old log-probs (π_old is the update's own forward, detached), as ours.
 
@@ -263,14 +269,15 @@ def run_ours(shape, model_dir, steps, tmp, limit_gib):
     return {"steps": steps_out, "run_peak": max(rss for _, rss in watch.samples)}
 
 
-def run_trl(shape, model_dir, steps, tmp, limit_gib, micro_batch, checkpointing):
+def run_trl(shape, model_dir, steps, tmp, limit_gib, micro_batch, checkpointing, use_vllm=False):
     if not os.path.exists(TRL_PYTHON):
         sys.exit(f"no {TRL_PYTHON}: python3 -m venv bench/.venv-trl && "
                  f"bench/.venv-trl/bin/pip install -r bench/requirements-trl.txt")
     out = os.path.join(tmp, "trl")
     cmd = [TRL_PYTHON, os.path.abspath(__file__), "--trl_worker", out, "--shape", shape, "--model_dir", model_dir,
            "--steps", str(steps), "--trl_micro_batch", str(micro_batch),
-           "--response_len", str(SHAPES[shape]["max_response_len"])] + ["--trl_checkpointing"] * checkpointing
+           "--response_len", str(SHAPES[shape]["max_response_len"])] + ["--trl_checkpointing"] * checkpointing \
+        + ["--trl_vllm"] * use_vllm
     output, watch = run_watched(cmd, limit_gib, "the TRL run")
     if watch.exceeded:
         return {"exceeded": watch.exceeded, "error": output[-1500:]}
@@ -282,7 +289,20 @@ def run_trl(shape, model_dir, steps, tmp, limit_gib, micro_batch, checkpointing)
     return {"steps": records, "run_peak": max(rss for _, rss in watch.samples)}
 
 
-def trl_worker(out, shape, model_dir, steps, micro_batch, checkpointing):
+def reload_weights_through_vllm():
+    """The one change TRL 1.16 needs to run colocated vLLM on a CPU. Its weight sync calls the vLLM model's
+    load_weights one parameter at a time, which vLLM's CPU model refuses once loaded ("'Parameter' object has no
+    attribute 'weight_loader'", with vLLM 0.31, the newest TRL 1.16 supports, and 0.32, the project's pin). The
+    same (name, tensor) stream goes through vLLM's own reload_weights instead, as rollout.py loads ours."""
+    from trl.generation import vllm_generation
+
+    def sync_weights(self):
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._iter_named_params()})
+        self.llm.reset_prefix_cache()
+    vllm_generation.VLLMGeneration.sync_weights = sync_weights
+
+
+def trl_worker(out, shape, model_dir, steps, micro_batch, checkpointing, use_vllm=False):
     """One GRPOTrainer run in bench/.venv-trl; a line per step in out/steps.jsonl."""
     import torch
     torch.set_num_threads(threads())
@@ -333,6 +353,8 @@ def trl_worker(out, shape, model_dir, steps, micro_batch, checkpointing):
             now["response_tokens"] = sum(map(len, completion_ids))
             return result
 
+    if use_vllm:
+        reload_weights_through_vllm()
     os.makedirs(out, exist_ok=True)
     log = open(os.path.join(out, "steps.jsonl"), "w")
 
@@ -359,8 +381,8 @@ def trl_worker(out, shape, model_dir, steps, micro_batch, checkpointing):
         weight_decay=0.0, optim="adamw_torch", lr_scheduler_type="cosine", warmup_steps=0.1,
         bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=checkpointing,
         model_init_kwargs={"dtype": "float32"},
-        use_vllm=False, shuffle_dataset=False, logging_steps=1, report_to="none", save_strategy="no",
-        eval_strategy="no", seed=COMMON["seed"], dataloader_num_workers=0, disable_tqdm=True)
+        use_vllm=use_vllm, vllm_mode="colocate", shuffle_dataset=False, logging_steps=1, report_to="none",
+        save_strategy="no", eval_strategy="no", seed=COMMON["seed"], dataloader_num_workers=0, disable_tqdm=True)
     trainer = TimedGRPOTrainer(model=model_dir, reward_funcs=gt_reward, args=config, processing_class=tokenizer,
                                train_dataset=Dataset.from_list(rows), callbacks=[StepTimer()])
     generate_every = config.steps_per_generation * config.num_iterations
@@ -384,13 +406,15 @@ def main():
     ap.add_argument("--shape", choices=list(SHAPES), default="classroom")
     ap.add_argument("--steps", type=int, default=10, help="training steps of each run (default 10)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out (default 2)")
-    ap.add_argument("--pairs", type=int, default=1, help="runs of each, alternating ours and TRL (default 1)")
+    ap.add_argument("--pairs", type=int, default=1,
+                    help="runs of each, alternating ours, TRL + vLLM and TRL + generate (default 1)")
     ap.add_argument("--response_len", type=int, help="--shape real: response tokens (default 1024)")
     ap.add_argument("--trl_micro_batch", type=int, help="TRL's rows a pass (default: the whole batch)")
     ap.add_argument("--trl_checkpointing", action="store_true",
                     help="TRL's gradient checkpointing (its own default; on for --shape real)")
     ap.add_argument("--memory_limit_gib", type=float, default=20.0, help="stop a run above this (default 20)")
     ap.add_argument("--matmul_size", type=int, default=2048)
+    ap.add_argument("--trl_vllm", action="store_true", help=argparse.SUPPRESS)   # internal: TRL with vLLM
     ap.add_argument("--trl_worker", metavar="OUT", help=argparse.SUPPRESS)   # internal: the TRL run
     ap.add_argument("--model_dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -401,7 +425,8 @@ def main():
     micro_batch = args.trl_micro_batch or batch
     checkpointing = args.trl_checkpointing or args.shape == "real"
     if args.trl_worker:
-        return trl_worker(args.trl_worker, args.shape, args.model_dir, args.steps, micro_batch, checkpointing)
+        return trl_worker(args.trl_worker, args.shape, args.model_dir, args.steps, micro_batch, checkpointing,
+                          args.trl_vllm)
     if args.steps <= args.warmup:
         ap.error(f"--steps must exceed --warmup ({args.warmup})")
     import torch
@@ -413,13 +438,13 @@ def main():
             save_real_shape_model(model_dir)
         n_body, n_head = param_counts(model_dir)
         peak = matmul_flops(args.matmul_size)
-        runs = {"ours": [], "TRL": []}
+        runs = {"ours": [], "TRL + vLLM": [], "TRL + generate": []}
         for pair in range(args.pairs):
             for name in runs:
                 t0 = time.perf_counter()
                 run = run_ours(args.shape, model_dir, args.steps, tmp, args.memory_limit_gib) if name == "ours" \
                     else run_trl(args.shape, model_dir, args.steps, tmp, args.memory_limit_gib, micro_batch,
-                                 checkpointing)
+                                 checkpointing, use_vllm=name == "TRL + vLLM")
                 run["seconds"] = time.perf_counter() - t0
                 runs[name].append(run)
                 if "exceeded" in run:
@@ -438,7 +463,7 @@ def main():
                 r["efficiency"] = r["response_tokens"] / r["computed"]
                 r["response_len"] = r["response_tokens"] / batch
     kept = {name: [r for run in side for r in run["steps"][args.warmup:]] for name, side in runs.items()}
-    ours, theirs = kept["ours"], kept["TRL"]
+    names = list(runs)
     where = "the classroom base model" if args.shape == "classroom" else "bench/scale.py's Qwen3-shaped model"
     print(f"\ntorch {torch.__version__}, {threads()} threads; {where}: {n_body + n_head:,} parameters "
           f"(output layer {n_head:,}, tied to the embedding); "
@@ -448,28 +473,30 @@ def main():
           + (f"; TRL: {micro_batch} rows a pass" if micro_batch != batch else "")
           + ("; TRL gradient checkpointing" if checkpointing else ""))
     if args.pairs > 1:
-        for key, label in (("total", "seconds"), ("train", "train s"), ("rollout", "rollout s")):
-            ratios = [median(t["steps"][args.warmup:], key) / median(o["steps"][args.warmup:], key)
-                      for o, t in zip(runs["ours"], runs["TRL"])]
-            print(f"TRL / ours, {label}, pair by pair: " + ", ".join(f"{x:.2f}x" for x in ratios)
-                  + f": median {spread(ratios)}")
-    print("| per step | ours | TRL | TRL / ours |")
-    print("|---|---|---|---|")
-    for name, key in (("seconds", "total"), ("rollout s (ours: vLLM; TRL: generate)", "rollout"),
-                      ("train s", "train"), ("weight sync s", "sync")):
-        a, b = median(ours, key), median(theirs, key)
-        print(f"| {name} | {a:.3f} | {b:.3f} | " + (f"{b / a:.2f}x |" if a and b else "- |"))
-    a, b = median(ours, "gflops"), median(theirs, "gflops")
-    print(f"| train GFLOP/s | {a:.2f} | {b:.2f} | {b / a:.2f}x |")
-    print(f"| train, % of matmul | {100 * a * 1e9 / peak:.1f}% | {100 * b * 1e9 / peak:.1f}% | |")
-    for name, key in (("train-phase peak GiB (the process)", "peak"), ("train-phase memory GiB (its own)", "own")):
-        a, b = max(r[key] for r in ours) / GiB, max(r[key] for r in theirs) / GiB
-        print(f"| {name} | {a:.2f} | {b:.2f} | {b / a:.2f}x |")
-    a, b = (max(run["run_peak"] for run in side) / GiB for side in runs.values())
-    print(f"| whole run's peak GiB | {a:.2f} | {b:.2f} | {b / a:.2f}x |")
-    for name, key, fmt in (("padding efficiency", "efficiency", "{:.2f}"),
-                           ("response tokens", "response_len", "{:.1f}"), ("reward", "reward", "{:.3f}")):
-        print(f"| {name} | {fmt.format(median(ours, key))} | {fmt.format(median(theirs, key))} | |")
+        for trl_name in names[1:]:
+            for key, label in (("total", "seconds"), ("train", "train s"), ("rollout", "rollout s")):
+                ratios = [median(t["steps"][args.warmup:], key) / median(o["steps"][args.warmup:], key)
+                          for o, t in zip(runs["ours"], runs[trl_name])]
+                print(f"{trl_name} / ours, {label}, pair by pair: " + ", ".join(f"{x:.2f}x" for x in ratios)
+                      + f": median {spread(ratios)}")
+    print("| per step | " + " | ".join(names) + " | " + " | ".join(f"{n} / ours" for n in names[1:]) + " |")
+    print("|---" * (2 * len(names)) + "|")
+
+    def row(label, values, fmt="{:.3f}", ratio=True):
+        ratios = [f"{v / values[0]:.2f}x" if ratio and values[0] and v else "-" for v in values[1:]]
+        print(f"| {label} | " + " | ".join(fmt.format(v) for v in values) + " | " + " | ".join(ratios) + " |")
+    for label, key in (("seconds", "total"), ("rollout s (TRL + vLLM's holds its weight sync)", "rollout"),
+                       ("train s", "train"), ("weight sync s", "sync")):
+        row(label, [median(kept[n], key) for n in names])
+    row("train GFLOP/s", [median(kept[n], "gflops") for n in names], "{:.2f}")
+    print("| train, % of matmul | " + " | ".join(f"{100 * median(kept[n], 'gflops') * 1e9 / peak:.1f}%"
+                                                for n in names) + " |" + " |" * (len(names) - 1))
+    for label, key in (("train-phase peak GiB (the process)", "peak"), ("train-phase memory GiB (its own)", "own")):
+        row(label, [max(r[key] for r in kept[n]) / GiB for n in names], "{:.2f}")
+    row("whole run's peak GiB", [max(run["run_peak"] for run in runs[n]) / GiB for n in names], "{:.2f}")
+    for label, key, fmt in (("padding efficiency", "efficiency", "{:.2f}"),
+                            ("response tokens", "response_len", "{:.1f}"), ("reward", "reward", "{:.3f}")):
+        row(label, [median(kept[n], key) for n in names], fmt, ratio=False)
 
 
 if __name__ == "__main__":
