@@ -139,8 +139,8 @@ def parse_args(argv=None):
     ap.add_argument("--benchmarks", default="classroom", help="comma-separated benchmark names")
     ap.add_argument("--k", type=int, default=8, help="samples per question beside the greedy one (0: greedy only)")
     ap.add_argument("--temperature", type=float, default=None,
-                    help=f"default: {CLASSROOM['eval_temperature']} on the classroom, else {OFFICIAL['eval_temperature']} "
-                         f"(the presets' --eval_temperature)")
+                    help=f"default: {CLASSROOM['eval_temperature']} on the classroom, else "
+                         f"{OFFICIAL['eval_temperature']} (the presets' --eval_temperature)")
     ap.add_argument("--max_tokens", type=int, default=None,
                     help=f"default: {CLASSROOM['max_response_len']} on the classroom, else "
                          f"{OFFICIAL['max_response_len']} (the presets' --max_response_len)")
