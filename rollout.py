@@ -32,6 +32,8 @@ same streams, so that evaluations differ by the model alone, and eval.py reprodu
   checked: every tensor of the start checkpoint sent in its shape, and a few parameters read back
   from the engine equal, bit for bit, to what was sent. On a GPU the engine sleeps while the
   trainer trains (`sleep`): its weights and KV cache give their memory to the training phase.
+  It samples token ids without detokenizing them; `response_texts` decodes the responses in
+  one call afterwards, to the texts vLLM's detokenizer gives.
 - `HFEngine`: transformers' `generate` on its own copy of the model, for machines without
   vLLM (and on GPUs where vLLM is not installed). Slower, same results up to sampling noise.
 
@@ -197,26 +199,24 @@ class VLLMEngine:
         # parameters the engine keeps as the checkpoint names and shapes them (not the fused or repacked ones)
         self.checkable = sorted(n for n, shape in engine_shapes.items() if self.expected.get(n) == shape)
         self.loads = 0
-        self.ends = end_tokens(model_dir, self.llm.get_tokenizer())
+        self.tokenizer = self.llm.get_tokenizer()
+        self.ends = end_tokens(model_dir, self.tokenizer)
 
     def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         check_request(prompt_ids, n, temperature, seeds, self.max_prompt_len)
         seeds = [None] * len(prompt_ids) if seeds is None else seeds
+        # detokenize=False: vLLM returns token ids only; the texts are decoded after sampling (response_texts)
         params = [SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1 if temperature > 0 else 1,
-                                 max_tokens=max_tokens, logprobs=0, skip_special_tokens=True,
-                                 stop_token_ids=self.ends, seed=seed) for seed in seeds]
+                                 max_tokens=max_tokens, logprobs=0, detokenize=False, stop_token_ids=self.ends,
+                                 seed=seed) for seed in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
-        groups = []
-        for p, out in zip(prompt_ids, outs):
-            group = []
-            for o in sorted(out.outputs, key=lambda o: o.index):
-                ids = list(o.token_ids)
-                lps = [d[t].logprob for d, t in zip(o.logprobs, ids)]
-                group.append(Sample(list(p), ids, lps, o.text, o.finish_reason == "stop"))
-            groups.append(group)
-        return groups
+        outputs = [sorted(out.outputs, key=lambda o: o.index) for out in outs]
+        texts = iter(response_texts(self.tokenizer, [o.token_ids for group in outputs for o in group]))
+        return [[Sample(list(p), list(o.token_ids), [d[t].logprob for d, t in zip(o.logprobs, o.token_ids)],
+                        next(texts), o.finish_reason == "stop") for o in group]
+                for p, group in zip(prompt_ids, outputs)]
 
     def sleep(self):
         """Free the engine's GPU memory (weights and KV cache) for the training phase; on a CPU, nothing."""
@@ -266,6 +266,13 @@ class VLLMEngine:
         """Shut the engine down. In the external launcher's mode this also ends the process group it shares:
         close it last (train.py: after the final barrier)."""
         self.llm.llm_engine.engine_core.shutdown()
+
+
+def response_texts(tokenizer, token_ids):
+    """Each response's token ids decoded without special tokens, in one call: the text vLLM's own
+    detokenizer gives (no clean-up of spaces before punctuation), which VLLMEngine leaves off while it
+    samples (`detokenize=False`): for every token it would also decode the log-prob's token."""
+    return tokenizer.batch_decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 def checkpoint_shapes(model_dir):
@@ -370,17 +377,12 @@ class HFEngine:
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)
             step_pos = step_pos[:, -1:] + 1
         out_ids = torch.stack(out_ids, 1).tolist(); out_lps = torch.stack(out_lps, 1).tolist()
-        groups, ends = [], set(self.ends.tolist())
-        for i, p in enumerate(prompt_ids):
-            group = []
-            for j in range(i * n, (i + 1) * n):
-                ids_j = out_ids[j]
-                ended = [k for k, t in enumerate(ids_j) if t in ends]
-                end = ended[0] + 1 if ended else len(ids_j)
-                text = self.tokenizer.decode(ids_j[:end], skip_special_tokens=True)
-                group.append(Sample(list(p), ids_j[:end], out_lps[j][:end], text, bool(ended)))
-            groups.append(group)
-        return groups
+        ends = set(self.ends.tolist())
+        ended = [next((k + 1 for k, t in enumerate(ids_j) if t in ends), None) for ids_j in out_ids]   # [P * n]
+        kept = [ids_j[:end] for ids_j, end in zip(out_ids, ended)]                # up to the end token, if any
+        texts = response_texts(self.tokenizer, kept)
+        return [[Sample(list(p), kept[j], out_lps[j][:len(kept[j])], texts[j], ended[j] is not None)
+                 for j in range(i * n, (i + 1) * n)] for i, p in enumerate(prompt_ids)]
 
     @torch.no_grad()
     def load_weights(self, named_tensors):

@@ -3,6 +3,7 @@
     python bench/default_run.py                         # 2 rounds of: plain, iomp, tcmalloc, both (about 20 minutes)
     python bench/default_run.py --rounds 4 --variants none,iomp
     python bench/default_run.py --rounds 1 --variants none -- --steps 4 --eval_every 2    # flags after -- to train.py
+    python bench/default_run.py --rounds 3 --variants none --before /tmp/old    # and a checkout of an earlier commit
 
 Each run is `python train.py --method coreward1` (the README's default run) in a fresh folder, its environment
 that of this process plus LD_PRELOAD for the variant:
@@ -12,6 +13,8 @@ that of this process plus LD_PRELOAD for the variant:
 - tcmalloc: `libtcmalloc_minimal.so.4` (Debian's libtcmalloc-minimal4, a system package);
 - both.
 vLLM's CPU backend asks for both at every start ("for best performance").
+With --before DIR, each round also runs DIR's train.py (a checkout of an earlier commit, with nothing preloaded)
+first: the variant "before", against which the others' ratios are then taken.
 
 The variants alternate within each round, so that the machine's drift from hour to hour falls on all of them
 alike; the ratios are each variant's wall-clock seconds over the plain run's of the same round.
@@ -23,7 +26,8 @@ metrics.jsonl is polled every 20 ms:
 - each later evaluation: from its step's line to its own;
 - rollout, train and sync: the sums of the steps' t_rollout, t_train and t_sync;
 - saves: the seconds each "saved ..." line gives;
-- the end: after the last line, until the process exits (the engine's and the grader's shutdown).
+- the end: after the last line, until the process exits (the engine's and the grader's shutdown);
+- a step: the median over the 60 steps of t_rollout + t_train + t_sync (one classroom step).
 
 Every run must log the same metrics.jsonl as the first plain run (the `t_*` times aside) and save the same final
 weights, bit for bit: a preload that changed what is learned is reported as such.
@@ -44,15 +48,17 @@ PRELOADS = {"none": [], "iomp": [os.path.join(sys.prefix, "lib", "libiomp5.so")]
             "tcmalloc": ["/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"]}
 PRELOADS["both"] = PRELOADS["iomp"] + PRELOADS["tcmalloc"]
 PHASES = ["start-up", "evaluation 0", "later evaluations", "rollout", "train", "sync", "saves", "the end"]
+PRELOADS["before"] = []                 # --before: an earlier checkout's train.py, nothing preloaded
 
 
-def timed_run(out, preload, flags):
-    """(wall seconds, [(seconds since the start, "line" or "metric", text or record)]) of one default run."""
+def timed_run(out, preload, flags, root=ROOT):
+    """(wall seconds, [(seconds since the start, "line" or "metric", text or record)]) of one default run of the
+    train.py in `root`."""
     env = {**os.environ, "LD_PRELOAD": ":".join(preload)} if preload else \
         {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     start = time.time()
-    proc = subprocess.Popen([sys.executable, "-u", os.path.join(ROOT, "train.py"), "--method", "coreward1",
-                             "--out", out, *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-u", os.path.join(root, "train.py"), "--method", "coreward1",
+                             "--out", out, *flags], cwd=root, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     events, done = [], threading.Event()
 
@@ -95,7 +101,8 @@ def account(wall, events):
             "later evaluations": sum(at[(s, True)] - at[(s, False)] for s in evals if s),
             "rollout": sum(x["t_rollout"] for x in steps), "train": sum(x["t_train"] for x in steps),
             "sync": sum(x["t_sync"] for x in steps), "saves": sum(saved),
-            "the end": wall - max(t for t, _, _ in events), "wall": wall}
+            "the end": wall - max(t for t, _, _ in events), "wall": wall,
+            "a step": statistics.median(x["t_rollout"] + x["t_train"] + x["t_sync"] for x in steps)}
 
 
 def outcome(out):
@@ -115,11 +122,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--variants", default="none,iomp,tcmalloc,both", help=f"of {', '.join(PRELOADS)}")
+    ap.add_argument("--before", help="a checkout of an earlier commit: its default run joins each round, first")
     ap.add_argument("flags", nargs="*", help="after --: more train.py flags, for every run")
     args = ap.parse_args()
     variants = args.variants.split(",")
-    if variants[0] != "none" or not set(variants) <= set(PRELOADS):
-        ap.error(f"--variants: 'none' first, then any of {', '.join(PRELOADS)}")
+    if variants[0] != "none" or not set(variants) <= set(PRELOADS) - {"before"}:
+        ap.error(f"--variants: 'none' first, then any of iomp, tcmalloc, both")
+    if args.before and not os.path.isfile(os.path.join(args.before, "train.py")):
+        ap.error(f"--before {args.before}: no train.py there (a checkout of the commit to compare with)")
+    variants = ["before"] * bool(args.before) + variants
+    base = variants[0]
     missing = [lib for v in variants for lib in PRELOADS[v] if not os.path.exists(lib)]
     if missing:
         sys.exit(f"not found: {', '.join(missing)} (tcmalloc: apt-get install libtcmalloc-minimal4; Intel's "
@@ -129,7 +141,8 @@ def main():
         for round_ in range(args.rounds):
             for v in variants:
                 out = os.path.join(tmp, f"{v}-{round_}")
-                runs[v].append(account(*timed_run(out, PRELOADS[v], args.flags)))
+                root = args.before if v == "before" else ROOT
+                runs[v].append(account(*timed_run(out, PRELOADS[v], args.flags, root)))
                 learned = outcome(out)
                 first = first or learned
                 runs[v][-1]["same"] = same(learned, first)
@@ -139,12 +152,13 @@ def main():
     names = [f"{v} {r + 1}" for r in range(args.rounds) for v in variants]
     table = [runs[v][r] for r in range(args.rounds) for v in variants]
     print("| phase | " + " | ".join(names) + " |\n|---" * 1 + "|---" * len(names) + "|")
-    for phase in PHASES + ["wall"]:
-        print(f"| {phase} | " + " | ".join(f"{run[phase]:.1f}" for run in table) + " |")
+    for phase in PHASES + ["wall", "a step"]:
+        print(f"| {phase} | " + " | ".join(f"{run[phase]:.{2 if phase == 'a step' else 1}f}" for run in table) + " |")
     for v in variants[1:]:
-        ratios = [b["wall"] / a["wall"] for a, b in zip(runs["none"], runs[v])]
-        print(f"{v} / none, wall-clock, round by round: " + ", ".join(f"{x:.2f}" for x in ratios)
-              + f"; median {statistics.median(ratios):.2f}")
+        for what in ("wall", "a step"):
+            ratios = [b[what] / a[what] for a, b in zip(runs[base], runs[v])]
+            print(f"{v} / {base}, {'wall-clock' if what == 'wall' else what}, round by round: "
+                  + ", ".join(f"{x:.2f}" for x in ratios) + f"; median {statistics.median(ratios):.2f}")
     print("every run the same as the first (metrics.jsonl without times, final weights):",
           all(run["same"] for side in runs.values() for run in side))
 

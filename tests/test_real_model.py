@@ -72,3 +72,21 @@ def test_eval_on_20_math500_problems(smollm_dir, tmp_path):
     assert scores["n"] == 20 and result["temperature"] == 0.8
     assert all(0 <= scores[key] <= 1 for key in ("greedy", "avg", "maj"))
     assert (tmp_path / "results.md").read_text().startswith("| benchmark | n | greedy | avg@4 | maj@4 |")
+
+
+def test_the_texts_are_those_of_vllms_own_detokenizer(smollm_dir):
+    """A byte-level BPE vocabulary, LaTeX and a chat template: rollout.response_texts, decoding after
+    sampling, gives the texts vLLM's own detokenizer would have (test_rollout.py's test, on a real model)."""
+    from transformers import AutoTokenizer
+    from rollout import make_engine, request_seed
+    from test_rollout import vllm_own_texts
+    tok = AutoTokenizer.from_pretrained(smollm_dir)
+    questions = ["What is 2+3? Put the answer in \\boxed{}.", "Solve $x^2 = 9$ for $x > 0$.",
+                 "Écris 7 × 8 en toutes lettres."]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
+                                       return_dict=False) for q in questions]
+    engine = make_engine("vllm", smollm_dir, max_prompt_len=128, max_response_len=96, cpu_kv_cache_gib=0.25)
+    seeds = [request_seed(0, "policy", 1, i) for i in range(len(prompts))]
+    ours = engine.generate(prompts, n=2, temperature=1.0, max_tokens=96, seeds=seeds)
+    assert [[s.text for s in g] for g in ours] == vllm_own_texts(engine, prompts, 2, 96, seeds)
+    engine.close()

@@ -88,6 +88,32 @@ def _texts(groups):
     return [[s.text for s in group] for group in groups]
 
 
+def vllm_own_texts(engine, prompts, n, max_tokens, seeds):
+    """The texts vLLM's own detokenizer gives for the engine's request (VLLMEngine samples without it)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    params = [SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, logprobs=0, skip_special_tokens=True,
+                             stop_token_ids=engine.ends, seed=seed) for seed in seeds]
+    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [[o.text for o in sorted(out.outputs, key=lambda o: o.index)] for out in outs]
+
+
+def test_the_texts_are_those_of_vllms_own_detokenizer(tiny_model_dir):
+    """VLLMEngine samples without detokenizing and decodes afterwards (rollout.response_texts), to the
+    texts vLLM would have given: a random model's responses put any word, space and punctuation mark
+    anywhere."""
+    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=24)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:8]]
+    seeds = [request_seed(2, "policy", 1, i) for i in range(8)]
+    ours = engine.generate(prompts, n=4, temperature=1.0, max_tokens=24, seeds=seeds)
+    assert _texts(ours) == vllm_own_texts(engine, prompts, 4, 24, seeds)
+    texts = [s.text for g in ours for s in g]
+    assert len({w for t in texts for w in t.split()}) > 100
+    assert any(" ." in t or " ?" in t for t in texts)         # what a decode that cleans up spaces would change
+    engine.close()
+
+
 @pytest.mark.parametrize("backend", ["vllm", "hf"])
 def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, backend):
     """Each request samples from streams of its own seed: a share of the prompts, in another order,
