@@ -48,7 +48,6 @@ PRELOADS = {"none": [], "iomp": [os.path.join(sys.prefix, "lib", "libiomp5.so")]
             "tcmalloc": ["/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"]}
 PRELOADS["both"] = PRELOADS["iomp"] + PRELOADS["tcmalloc"]
 PHASES = ["start-up", "evaluation 0", "later evaluations", "rollout", "train", "sync", "saves", "the end"]
-PRELOADS["before"] = []                 # --before: an earlier checkout's train.py, nothing preloaded
 
 
 def timed_run(out, preload, flags, root=ROOT):
@@ -126,23 +125,23 @@ def main():
     ap.add_argument("flags", nargs="*", help="after --: more train.py flags, for every run")
     args = ap.parse_args()
     variants = args.variants.split(",")
-    if variants[0] != "none" or not set(variants) <= set(PRELOADS) - {"before"}:
-        ap.error(f"--variants: 'none' first, then any of iomp, tcmalloc, both")
+    if variants[0] != "none" or not set(variants) <= set(PRELOADS):
+        ap.error(f"--variants: 'none' first, then any of {', '.join(list(PRELOADS)[1:])}")
     if args.before and not os.path.isfile(os.path.join(args.before, "train.py")):
         ap.error(f"--before {args.before}: no train.py there (a checkout of the commit to compare with)")
-    variants = ["before"] * bool(args.before) + variants
-    base = variants[0]
     missing = [lib for v in variants for lib in PRELOADS[v] if not os.path.exists(lib)]
     if missing:
         sys.exit(f"not found: {', '.join(missing)} (tcmalloc: apt-get install libtcmalloc-minimal4; Intel's "
                  f"OpenMP: the README's install, in this venv)")
+    variants = ["before"] * bool(args.before) + variants      # "before": --before's train.py, nothing preloaded
+    base = variants[0]
     runs, first = {v: [] for v in variants}, None
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             for v in variants:
                 out = os.path.join(tmp, f"{v}-{round_}")
-                root = args.before if v == "before" else ROOT
-                runs[v].append(account(*timed_run(out, PRELOADS[v], args.flags, root)))
+                preload, root = ([], args.before) if v == "before" else (PRELOADS[v], ROOT)
+                runs[v].append(account(*timed_run(out, preload, args.flags, root)))
                 learned = outcome(out)
                 first = first or learned
                 runs[v][-1]["same"] = same(learned, first)

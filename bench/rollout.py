@@ -4,9 +4,10 @@ variant's samples compared bit for bit with the project's: what detokenizing cos
     python bench/rollout.py                 # about 4 minutes: each variant in a process of its own, in turn, twice
     python bench/rollout.py --rounds 3 --variants now,detokenized
 
-A variant is one process: the classroom engine as train.py builds it (rollout.make_engine), then, six times, the
-rollout of the default run's first step (16 pairs x 2 views x G=8 at temperature 1.0, seeded as train.py seeds
-them) and one evaluation (the 200 test questions: greedy, then 8 samples each, as eval.eval_counts asks). The first
+A variant is one process: the classroom engine as train.py builds it (rollout.make_engine), then, six times, a
+rollout of the default run's shape (16 training pairs x 2 views x G=8 at temperature 1.0, seeded as train.py seeds
+step 1's) and one evaluation (the default run's 200 test questions: greedy, then 8 samples each, as
+eval.eval_counts asks). The first
 of the six is left out of the medians (vLLM compiles its sampler's kernels then).
 - now: rollout.VLLMEngine.generate as it is (vLLM returns token ids; response_texts decodes them);
 - detokenized: with vLLM's detokenizer on (`SamplingParams(detokenize=True)`), as the engine sampled before (the
@@ -37,6 +38,7 @@ def measure(variant, repeats=6):
     import data
     import rollout
     import world
+    from eval import benchmark_prompts
     from rollout import request_seed
     params_change, engine_change = VARIANTS[variant]
     arguments, sampling_params = rollout.engine_arguments, vllm.SamplingParams
@@ -48,7 +50,7 @@ def measure(variant, repeats=6):
     pairs = data.classroom_pairs("train")[:16]
     prompts = [encode(q.original) for q in pairs] + [encode(q.rephrased) for q in pairs]
     seeds = [request_seed(0, "policy", 1, i, view) for view in (0, 1) for i in range(16)]
-    test = [encode(p.original) for p in data.classroom_pairs("test")[:200]]
+    test, _ = benchmark_prompts(engine.tokenizer, "classroom", limit=200)
     eval_seeds = [request_seed(0, "eval", 0, i) for i in range(200)]
     times, samples = {"rollout": [], "eval": []}, None
     for _ in range(repeats):
