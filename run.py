@@ -21,7 +21,7 @@
   a failed rank in one line instead of torchrun's traceback.
 """
 import contextlib
-import fcntl
+import errno
 import json
 import os
 import shutil
@@ -30,13 +30,22 @@ import socket
 import sys
 import time
 
+try:
+    import fcntl                        # the run folder's locks (lock_out): POSIX file locks, shared and exclusive
+except ImportError:                     # native Windows: no fcntl, and no shared locks in msvcrt
+    print(f"{os.path.basename(sys.argv[0]) or 'python'}: error: native Windows is not supported (a run's folder "
+          f"is locked with POSIX file locks, which Windows lacks): run it in WSL, where the README's install and "
+          f"commands work as on Linux", file=sys.stderr, flush=True)
+    sys.exit(2)
+
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from tqdm import tqdm
 
 import checkpoint
-from config import FolderInUse, InputError, MissingInput, config_of
+from config import DamagedCheckpoint, FolderInUse, InputError, MissingInput, OutOfDisk, config_of
 
 
 RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints", "run.log", "samples.jsonl")
@@ -270,8 +279,19 @@ def load_checkpoint(path, policy, optimizer, teacher):
         earlier = [p for s, p in checkpoint.complete(os.path.dirname(os.path.dirname(path))) if s < step]
         instead = f"the previous one is {earlier[-1]}: resume from it with --resume {earlier[-1]}" if earlier else \
             "there is no earlier checkpoint: start the run afresh"
-        raise RuntimeError(f"--resume: the checkpoint {path} cannot be loaded ({type(e).__name__}: {e}); {instead}, "
-                           f"or move {path} away") from e
+        raise DamagedCheckpoint(f"--resume: the checkpoint {path} cannot be loaded ({first_cause(e)}); {instead}, or "
+                                f"move {path} away") from None
+
+
+def first_cause(error):
+    """'Type: the first line of its message' of what went wrong; DCP's CheckpointException unwrapped to its first
+    rank's failure."""
+    failures = getattr(error, "failures", None)
+    if failures:
+        wrapped = next(iter(failures.values()))
+        error = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first[:300]}"
 
 
 def finished(path, args):
@@ -359,8 +379,12 @@ def model_folder_for_all_ranks(model):
     return snapshot_download(model, local_files_only=True)
 
 
-def write_config(args, rank):
-    """Write the run's configuration to config.json and print its summary (rank 0)."""
+ENGINE_NAMES = {"vllm": "vLLM", "hf": "transformers' generate"}
+
+
+def write_config(args, rank, disk):
+    """Write the run's configuration to config.json and print its summary (rank 0), with `disk`: (a
+    checkpoint's bytes, the most the run's folder holds at once) (disk_bytes)."""
     if rank == 0:
         path = os.path.join(args.out, "config.json")
         with open(path, "w") as f:
@@ -370,7 +394,9 @@ def write_config(args, rank):
         print(f"{args.method} on {args.data}, preset {args.preset} "
               f"({getattr(args, 'preset_reason', 'as the checkpoint it resumes')}): {args.steps} steps of "
               f"{args.questions_per_step} questions x {views} x G={args.group_size}, lr {args.lr}, KL {args.kl_coef}, "
-              f"{args.dtype}; {evaluation} on {args.eval_data} every {args.eval_every} steps; every setting in {path}",
+              f"{args.dtype}; {evaluation} on {args.eval_data} every {args.eval_every} steps; rollouts by "
+              f"{ENGINE_NAMES[args.backend]} ({getattr(args, 'backend_reason', 'as the checkpoint it resumes')}); "
+              f"checkpoints of {size(disk[0])}, at most {size(disk[1])} on disk; every setting in {path}",
               flush=True)
 
 
@@ -440,15 +466,68 @@ def restore(path, models, questions, args, rank):
     return state["step"], state.get("wandb_id"), state.get("sampler_gap_first", [])
 
 
+def disk_bytes(models, args):
+    """(one checkpoint's bytes, the most the run's folder holds at once): the run's disk account, in its
+    summary line (checkpoint.checkpoint_bytes, checkpoint.run_disk_bytes)."""
+    one = checkpoint.checkpoint_bytes(models.policy, models.teacher)
+    saves = -(-args.steps // args.save_every) if args.save_every else 0
+    return one, checkpoint.run_disk_bytes(one, 4 * sum(p.numel() for p in models.policy.parameters()),
+                                          args.keep_last, saves)
+
+
+def size(n):
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def out_of_disk(out, need, what):
+    """The one line of a run that stops because the disk of --out cannot hold `what` (`need` bytes)."""
+    newest = checkpoint.latest(out)
+    then = f"the newest complete checkpoint, {newest}, is kept: free some space, then continue with: python " \
+           f"train.py --out {out} --resume" if newest else \
+        "there is no complete checkpoint yet: free some space, then start the run again"
+    return (f"out of disk: {checkpoint.disk_of(out)}, which holds --out {out}, has {size(shutil.disk_usage(out).free)} "
+            f"free and {what} needs {size(need)}; the run stopped, {then}")
+
+
+def check_room_on_all_ranks(out, need, what, rank):
+    """Before a save: stop every rank, in one line (OutOfDisk), when the disk of --out has less free space than
+    `what` needs; rank 0 looks and broadcasts its verdict."""
+    box = [out_of_disk(out, need, what) if rank == 0 and shutil.disk_usage(out).free < need else None]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise OutOfDisk(box[0])
+
+
+@contextlib.contextmanager
+def stop_cleanly_if_the_disk_fills(out, need, what, partial, rank):
+    """A save that fails for want of space anyway (ENOSPC, or torch's write error on a full disk, which names no
+    errno): its partial folder is removed and the run stops in one line (OutOfDisk). Nothing saved before it
+    is touched: a save writes into its own .partial folder, and prunes older checkpoints only once published."""
+    try:
+        yield
+    except (OSError, RuntimeError, dcp.api.CheckpointException) as e:
+        if getattr(e, "errno", None) != errno.ENOSPC and shutil.disk_usage(out).free >= need:
+            raise
+        if rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise OutOfDisk(out_of_disk(out, need, what)) from None
+
+
 def save_checkpoint(args, step, models, questions, wandb_id, fingerprints, tokenizer, rank, first_gaps=()):
     """checkpoint.save of everything the loop needs to go on exactly: weights, optimizer, schedule, the
     question order and its random state, what a resume checks (the fingerprints), and the sampler gaps
-    of the run's first steps (SamplerGapWatch.first)."""
+    of the run's first steps (SamplerGapWatch.first). First the disk's room for it: the size of the newest
+    checkpoint, or before the first the estimate of checkpoint.checkpoint_bytes."""
     trainer_state = {"scheduler": models.scheduler.state_dict(), **questions.state(), "wandb_id": wandb_id,
                      "fingerprints": fingerprints, "sampler_gap_first": list(first_gaps)}
+    newest = checkpoint.latest(args.out)
+    need = checkpoint.folder_bytes(newest) if newest else checkpoint.checkpoint_bytes(models.policy, models.teacher)
+    check_room_on_all_ranks(args.out, need, "a checkpoint", rank)
     t0 = time.perf_counter()
-    path = checkpoint.save(args.out, step, models.policy, models.optimizer, models.teacher, trainer_state,
-                           config_of(args), tokenizer, args.keep_last)
+    with stop_cleanly_if_the_disk_fills(args.out, need, "a checkpoint", checkpoint.step_dir(args.out, step) +
+                                        ".partial", rank):
+        path = checkpoint.save(args.out, step, models.policy, models.optimizer, models.teacher, trainer_state,
+                               config_of(args), tokenizer, args.keep_last)
     if rank == 0:
         tqdm.write(f"saved {path} ({time.perf_counter() - t0:.1f} s)")
 
@@ -458,17 +537,20 @@ def save_final(policy, model_dir, tokenizer, out, rank, preset):
     rank 0's CPU memory only, written as final.partial/ and then renamed, so that a crash never leaves
     a final/ that is not whole. Its RUN_MARK names the run's preset, which a run from it keeps."""
     from transformers import AutoModelForCausalLM
+    final = os.path.join(out, "final")
+    need = 4 * sum(p.numel() for p in policy.parameters())
+    check_room_on_all_ranks(out, need, "the final model", rank)
     weights = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
-        final = os.path.join(out, "final")
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        model.load_state_dict(weights)
-        shutil.rmtree(final + ".partial", ignore_errors=True)
-        model.save_pretrained(final + ".partial")
-        tokenizer.save_pretrained(final + ".partial")
-        checkpoint.mark_model_folder(final + ".partial", preset)
-        checkpoint.fsync_files(final + ".partial")
-        checkpoint.publish(final + ".partial", final)
+        with stop_cleanly_if_the_disk_fills(out, need, "the final model", final + ".partial", rank):
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            model.load_state_dict(weights)
+            shutil.rmtree(final + ".partial", ignore_errors=True)
+            model.save_pretrained(final + ".partial")
+            tokenizer.save_pretrained(final + ".partial")
+            checkpoint.mark_model_folder(final + ".partial", preset)
+            checkpoint.fsync_files(final + ".partial")
+            checkpoint.publish(final + ".partial", final)
         print(f"saved {final}")
 
 

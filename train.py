@@ -115,61 +115,63 @@ class Questions:
 
 def training_step(args, step, indices, questions, models, encode, step_cfg, device, world_size):
     """One step (the docstring's 2-5) on this rank's `questions` (`indices` into the data): its record."""
-    m = models
     # 2. sample: originals, then (--views both) rephrasings; a request is seeded by who samples which question when
     t0 = time.perf_counter()
     views = (0, 1) if args.views == "both" else (0,)
-    prompts = lambda views: [encode(q.rephrased if view else q.original) for view in views for q in questions]
-    seeds = lambda role, views: [request_seed(args.seed, role, step, i, view) for view in views for i in indices]
-    groups = m.engine.generate(prompts(views), args.group_size, args.temperature, args.max_response_len,
-                               seeds=seeds("policy", views))
+    prompts = lambda which: [encode(q.rephrased if view else q.original) for view in which for q in questions]
+    seeds = lambda role, which: [request_seed(args.seed, role, step, i, view) for view in which for i in indices]
+    groups = models.engine.generate(prompts(views), args.group_size, args.temperature, args.max_response_len,
+                                    seeds=seeds("policy", views))
     teacher_answers = None
-    if m.teacher is not None:
+    if models.teacher is not None:
         # the engine now serves the teacher, until the updated policy is loaded after the step;
         # coreward3's teacher answers the rephrasings of the policy's questions
         teacher_views = (1,) if args.teacher_prompts == "rephrased" else views
-        teacher_groups = teacher_rollout(m.engine, m.teacher, prompts(teacher_views), seeds("teacher", teacher_views),
-                                         args.group_size, args.temperature, args.max_response_len)
+        teacher_groups = teacher_rollout(models.engine, models.teacher, prompts(teacher_views),
+                                         seeds("teacher", teacher_views), args.group_size, args.temperature,
+                                         args.max_response_len)
         teacher_answers = [[extract_answer(s.text) for s in g] for g in teacher_groups]
-    m.engine.sleep()                              # on a GPU, its memory goes to the training phase until the sync
+    models.engine.sleep()                         # on a GPU, its memory goes to the training phase until the sync
     t1 = time.perf_counter()
 
-    # 3. label and reward
+    # 3. label and reward; rewards.twin(i) = (i + P) mod 2P pairs a group with its other view: the originals first,
+    # then their rephrasings in the same order, as asked for (prompts) and as the engine must return them
+    assert [g[0].prompt_ids for g in groups] == prompts(views), "the groups are not in the order of their prompts"
     gold = [q.answer for q in questions] * len(views)
     answers = [[extract_answer(s.text) for s in g] for g in groups]
-    batch = make_batch([s for g in groups for s in g], m.pad_id, device)
+    batch = make_batch([s for g in groups for s in g], models.pad_id, device)
     if args.method in TWO_VIEW_METHODS:          # J(q) + J(q'): one token mean per view (grpo.py, NORMALISATION)
         batch.view = torch.arange(len(views), device=device).repeat_interleave(len(questions) * args.group_size)
     if args.method in ANSWER_FREE_METHODS:
         labels = None
         per_token = functools.partial(certainty_per_token, args.method)
-        rewards = score_responses(m.policy, batch, step_cfg, per_token).view(len(groups), args.group_size).cpu()
+        rewards = score_responses(models.policy, batch, step_cfg, per_token).view(len(groups), args.group_size).cpu()
     else:
         labels = labels_for(args.method, answers, gold, teacher_answers)
         rewards = torch.tensor(rewards_for(answers, labels))                      # [views x P, G]
 
     # 4. advantages, and the clipped-GRPO update(s)
     batch.advantages = group_advantages(rewards).flatten().to(device)
-    lr = m.scheduler.get_last_lr()[0]                                             # the rate this step's updates use
+    lr = models.scheduler.get_last_lr()[0]                                        # the rate this step's updates use
     try:
-        stats = train_step(m.policy, m.ref, m.optimizer, batch, step_cfg, world_size)
+        stats = train_step(models.policy, models.ref, models.optimizer, batch, step_cfg, world_size)
     except NonFiniteError as e:
         raise NonFiniteError(f"step {step}: {e} The run stopped; metrics.jsonl holds the steps before it.") from None
-    m.scheduler.step()
+    models.scheduler.step()
 
     # 5. the teacher follows the policy (EMA), and the engine gets the updated policy
-    alpha = ema_alpha(step, args.steps, args.ema_start, args.ema_end) if m.teacher is not None else None
+    alpha = ema_alpha(step, args.steps, args.ema_start, args.ema_end) if models.teacher is not None else None
     if alpha:                                     # 0 after the last step: nothing samples from the teacher then
-        ema_update(m.teacher, m.policy, alpha)
+        ema_update(models.teacher, models.policy, alpha)
     t2 = time.perf_counter()
-    m.sync_engine()
+    models.sync_engine()
     t3 = time.perf_counter()
     times = {"t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": t3 - t2}
     return step_record_over_ranks(step, groups, answers, gold, labels, rewards, stats, lr, alpha, times, device,
                                   world_size)
 
 
-def step_record_over_ranks(step, groups, answers, gold, labels, rewards, stats, lr, ema_alpha, times, device,
+def step_record_over_ranks(step, groups, answers, gold, labels, rewards, stats, lr, alpha, times, device,
                            world_size):
     """A step's line of metrics.jsonl: every rank's groups together."""
     sums = all_sum({
@@ -199,7 +201,7 @@ def step_record_over_ranks(step, groups, answers, gold, labels, rewards, stats, 
         "grad_norm": stats["grad_norm"], "lr": lr,
         "sampler_gap": sums["sampler_gap_sum"] / tokens,
         **times,
-        **({"ema_alpha": ema_alpha} if ema_alpha is not None else {}),
+        **({"ema_alpha": alpha} if alpha is not None else {}),
     }
 
 
@@ -277,20 +279,14 @@ def evaluate(step, engine, eval_set, args, device, log, rank, tokenizer):
         tqdm.write(f"eval @ step {step}: {shown}")
 
 
-def main(argv=None):
-    args, resume = config.settings(argv, __doc__)
-    if resume is not None and run.finished(resume, args):
-        return
-    if args.ranks and "WORLD_SIZE" not in os.environ:     # python train.py --ranks N: start the N ranks here
-        return run.launch_ranks(args.ranks, os.path.abspath(__file__), sys.argv[1:] if argv is None else argv)
-    rank, world_size, device = init_distributed()
-    held_locks = run.lock_out(args.out, rank)      # noqa: F841  (open until the process ends: no other run on --out)
-    earlier = run.earlier_outputs(args.out, args.overwrite, rank) if resume is None else []
-    # every input is read and checked before --overwrite deletes the earlier run (remove_outputs, below)
+def read_inputs(args, resume, rank, world_size):
+    """Every input of the run, read and checked (before --overwrite deletes an earlier run): the model folder,
+    its tokenizer, the prompt encoder, the training questions, their fingerprints (checked against a resumed
+    checkpoint's) and the evaluation set. Sets --steps from --epochs."""
     import world
-    model_dir = run.model_folder_for_all_ranks(args.model) if args.model else world.base_model_dir()
     from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging
+    model_dir = run.model_folder_for_all_ranks(args.model) if args.model else world.base_model_dir()
     transformers_logging.disable_progress_bar()      # the bars of loads and saves, each over in a moment
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # question -> prompt ids, encoded once: drop_long sees every prompt, the steps reuse them
@@ -302,8 +298,29 @@ def main(argv=None):
         run.check_fingerprints(resume, fingerprints)
     if args.steps is None:
         args.steps = max(1, int(args.epochs * len(pairs) / args.questions_per_step))
-    eval_set = evaluation_set(tokenizer, args, rank, world_size)
-    run.remove_outputs(args.out, earlier, rank)
+    return model_dir, tokenizer, encode, pairs, fingerprints, evaluation_set(tokenizer, args, rank, world_size)
+
+
+def show_step(record, bar, watch, rank):
+    """The console's view of a step: the progress bar's figures, and the collapse watch's warning (rank 0)."""
+    warning = watch.update(record)
+    if warning and rank == 0:
+        tqdm.write(warning)
+    bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
+                    label_acc="-" if record["label_acc"] is None else f"{record['label_acc']:.2f}")
+
+
+def main(argv=None):
+    args, resume = config.settings(argv, __doc__)
+    if resume is not None and run.finished(resume, args):
+        return
+    if args.ranks and "WORLD_SIZE" not in os.environ:     # python train.py --ranks N: start the N ranks here
+        return run.launch_ranks(args.ranks, os.path.abspath(__file__), sys.argv[1:] if argv is None else argv)
+    rank, world_size, device = init_distributed()
+    held_locks = run.lock_out(args.out, rank)      # noqa: F841  (open until the process ends: no other run on --out)
+    earlier = run.earlier_outputs(args.out, args.overwrite, rank) if resume is None else []
+    model_dir, tokenizer, encode, pairs, fingerprints, eval_set = read_inputs(args, resume, rank, world_size)
+    run.remove_outputs(args.out, earlier, rank)      # only now: every input was read and checked
     with run.console_log(args.out, rank):           # rank 0's console, also into OUT/run.log
         models = build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
         # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the world
@@ -323,7 +340,7 @@ def main(argv=None):
         log = run.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0,
                              resume_step=start if resume else None, wandb_run=wandb_run)
         watch = run.CollapseWatch()
-        run.write_config(args, rank)
+        run.write_config(args, rank, run.disk_bytes(models, args))
         if start == 0:
             evaluate(0, models.engine, eval_set, args, device, log, rank, tokenizer)
         signals, stopped = run.StopSignals(), False
@@ -334,11 +351,7 @@ def main(argv=None):
                 indices, mine = questions.take(args.questions_per_step, rank, world_size)
                 record = training_step(args, step, indices, mine, models, encode, step_cfg, device, world_size)
                 log.write(record)
-                warning = watch.update(record)
-                if warning and rank == 0:
-                    tqdm.write(warning)
-                bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
-                                label_acc="-" if record["label_acc"] is None else f"{record['label_acc']:.2f}")
+                show_step(record, bar, watch, rank)
                 gap_watch.check(step, record)
                 if step % args.eval_every == 0 or step == args.steps:
                     evaluate(step, models.engine, eval_set, args, device, log, rank, tokenizer)

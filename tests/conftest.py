@@ -10,6 +10,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT] + [os.path.join(ROOT, folder) for folder in ("classroom", "study", "tools")]
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `vllm` start vLLM's engine or check what it samples: where vLLM is not installed (macOS; or
+    tests/without_vllm on PYTHONPATH) they are skipped, with the reason. Every other test runs either way."""
+    from config import VLLM_PLATFORMS, vllm_installed
+    if vllm_installed():
+        return
+    skip = pytest.mark.skip(reason=f"needs vLLM, which is not installed here (requirements.txt installs it on "
+                                   f"{VLLM_PLATFORMS})")
+    for item in items:
+        if item.get_closest_marker("vllm"):
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def dist_world():
     """A process group of one (gloo), as train.py has under `python train.py`. Per test: closing

@@ -1,5 +1,6 @@
 """The settings: presets, methods as argument values, the generated help, and the checks that
 refuse what cannot work before any compute."""
+import json
 import os
 import re
 import subprocess
@@ -111,3 +112,55 @@ def test_wandb_without_the_package_is_refused_before_anything_runs(monkeypatch):
     args = config.parse_args(["--method", "gt", "--wandb", "proj"])
     with pytest.raises(config.UsageError, match="--wandb proj needs the wandb package: pip install wandb"):
         config.check_settings(args, 1)
+
+
+WITHOUT_VLLM = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "tests", "without_vllm")}   # as on macOS
+
+
+def test_the_engine_is_vllm_where_it_is_installed_and_transformers_elsewhere():
+    """--backend auto (the default) takes vLLM where it is installed, transformers' generate (hf) where it is
+    not; an explicit choice stands; the run records the engine it took, not 'auto'."""
+    code = "import config; print(config.choose_backend('auto'), config.choose_backend('hf'))"
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=WITHOUT_VLLM)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "('hf', 'auto: vLLM is not installed') ('hf', '--backend hf')"
+    assert config.PRESETS["classroom"]["backend"] == config.PRESETS["official"]["backend"] == "auto"
+    if config.vllm_installed():
+        assert config.choose_backend("auto") == ("vllm", "auto: vLLM is installed")
+    args, _ = config.settings(["--method", "gt"])
+    assert args.backend in ("vllm", "hf") and args.backend_reason.startswith("auto: ")
+    assert "backend_reason" not in config.config_of(args)
+
+
+def test_a_run_without_vllm_samples_with_transformers_and_says_why(tmp_path):
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--method", "gt", "--steps", "1",
+                          "--questions_per_step", "2", "--group_size", "2", "--eval_limit", "4", "--eval_k", "0",
+                          "--save_every", "0", "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600, env=WITHOUT_VLLM)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "; rollouts by transformers' generate (auto: vLLM is not installed); " in res.stdout.splitlines()[0]
+    assert json.load(open(tmp_path / "run" / "config.json"))["backend"] == "hf"
+
+
+@pytest.mark.parametrize("program", ["train.py", "eval.py"])
+def test_backend_vllm_without_vllm_is_one_line_and_status_2(program, tmp_path):
+    flags = ["--method", "gt"] if program == "train.py" else ["--model", "classroom/base"]
+    res = subprocess.run([sys.executable, os.path.join(ROOT, program), *flags, "--backend", "vllm",
+                          "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=WITHOUT_VLLM)
+    assert res.returncode == 2
+    assert res.stderr.splitlines() == [f"{program}: error: --backend vllm: vLLM is not installed here "
+                                       f"(requirements.txt installs it on {config.VLLM_PLATFORMS}); use --backend hf, "
+                                       f"or auto; nothing was run"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_native_windows_is_one_line_that_points_to_wsl():
+    """Windows has no fcntl (the run folder's locks): train.py says to use WSL, in one line, with status 2."""
+    code = ("import runpy, sys; sys.modules['fcntl'] = None; sys.argv = ['train.py', '--method', 'gt']; "
+            "runpy.run_path('train.py', run_name='__main__')")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith("train.py: error: native Windows is not "
+                                                                       "supported") and "WSL" in res.stderr

@@ -74,6 +74,7 @@ def test_eval_on_20_math500_problems(smollm_dir, tmp_path):
     assert (tmp_path / "results.md").read_text().startswith("| benchmark | n | greedy | avg@4 | maj@4 |")
 
 
+@pytest.mark.vllm
 def test_the_texts_are_those_of_vllms_own_detokenizer(smollm_dir):
     """A byte-level BPE vocabulary, LaTeX and a chat template: rollout.response_texts, decoding after
     sampling, gives the texts vLLM's own detokenizer would have (test_rollout.py's test, on a real model)."""

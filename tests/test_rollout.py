@@ -11,6 +11,7 @@ from logprobs import token_logprobs
 from rollout import SEED_STRIDE, make_engine, request_seed
 
 TOL = 1e-4
+BOTH_ENGINES = [pytest.param("vllm", marks=pytest.mark.vllm), "hf"]
 
 
 def _perturbed(model_dir):
@@ -30,7 +31,7 @@ def _trainer_logprobs(model, sample, temperature):
     return logp[0, len(sample.prompt_ids) - 1:]
 
 
-@pytest.mark.parametrize("backend", ["vllm", "hf"])
+@pytest.mark.parametrize("backend", BOTH_ENGINES)
 def test_sampler_logprobs_match_trainer_after_sync(tiny_model_dir, backend):
     engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=16)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -98,6 +99,7 @@ def vllm_own_texts(engine, prompts, n, max_tokens, seeds):
     return [[o.text for o in sorted(out.outputs, key=lambda o: o.index)] for out in outs]
 
 
+@pytest.mark.vllm
 def test_the_texts_are_those_of_vllms_own_detokenizer(tiny_model_dir):
     """VLLMEngine samples without detokenizing and decodes afterwards (rollout.response_texts), to the
     texts vLLM would have given: a random model's responses put any word, space and punctuation mark
@@ -114,7 +116,7 @@ def test_the_texts_are_those_of_vllms_own_detokenizer(tiny_model_dir):
     engine.close()
 
 
-@pytest.mark.parametrize("backend", ["vllm", "hf"])
+@pytest.mark.parametrize("backend", BOTH_ENGINES)
 def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, backend):
     """Each request samples from streams of its own seed: a share of the prompts, in another order,
     gets what the whole batch got, and so does a fresh engine (what an engine sampled before does
@@ -137,6 +139,7 @@ def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, ba
             [whole[5], whole[0]]
 
 
+@pytest.mark.vllm
 def test_seeded_prompts_longer_than_one_scheduler_step(tiny_model_dir):
     """16 prompts of 200 tokens overflow vLLM's per-step token budget (2048), so a prompt may be
     split over scheduler steps; seeded sampling must still work (on a CPU, vLLM cannot rewind a
@@ -151,6 +154,7 @@ def test_seeded_prompts_longer_than_one_scheduler_step(tiny_model_dir):
     engine.close()
 
 
+@pytest.mark.vllm
 def test_each_rank_has_its_own_engine_on_its_own_device(tiny_model_dir, tmp_path):
     """At 2 CPU ranks under torchrun, each rank's vLLM worker runs as that rank (its LOCAL_RANK:
     vLLM's default single-process executor gave every rank local rank 0, so on a GPU every engine
@@ -175,6 +179,7 @@ def test_each_rank_has_its_own_engine_on_its_own_device(tiny_model_dir, tmp_path
     assert [r["responses"][0] for r in records[2]] == one and one[0] != one[1]
 
 
+@pytest.mark.vllm
 def test_a_load_that_misses_a_tensor_or_lands_wrong_is_reported(dist_world, tiny_model_dir):
     """VLLMEngine.load_weights says what is wrong: a tensor of the checkpoint not sent, or a parameter
     whose bits read back from the engine differ from what was sent; a whole, faithful load says nothing."""
@@ -212,7 +217,7 @@ def test_checksum_by_hand():
     assert checksum(torch.tensor([1.0], dtype=torch.bfloat16)) == ((1,), 0x3F80)
 
 
-@pytest.mark.parametrize("backend", ["vllm", "hf"])
+@pytest.mark.parametrize("backend", BOTH_ENGINES)
 def test_a_response_ends_at_the_generation_configs_eos_too(tiny_model_dir, tmp_path, backend):
     """Qwen3 base models name one EOS in the tokenizer and another in generation_config.json: a
     response ends at either, as vLLM's default does for the official code. Here the model's first
@@ -237,6 +242,7 @@ def test_a_response_ends_at_the_generation_configs_eos_too(tiny_model_dir, tmp_p
     assert ended.token_ids == first.token_ids[:1] and ended.finished
 
 
+@pytest.mark.vllm
 def test_the_engine_arguments_on_a_cpu_and_on_a_gpu():
     """One function builds vLLM's arguments; they differ in the KV cache's size, sleep mode, eager
     execution, chunked prefill and batch limits, and agree in the rest (the external launcher, the
@@ -291,3 +297,195 @@ def test_a_sleeping_engine_wakes_its_weights_for_the_load_and_its_kv_cache_after
     assert engine.llm.calls == [("sleep", 2), ("wake_up", ["weights"]), ("reload_weights", ["w"]),
                                 ("wake_up", ["kv_cache"]), ("reset_prefix_cache",),
                                 ("reload_weights", ["w"]), ("reset_prefix_cache",)]
+
+
+# The weight check's read-back on a stand-in for vLLM: VLLMEngine itself, over a fake `vllm` module whose LLM
+# holds a Qwen3-shaped model under vLLM's parameter names (q, k, v in one qkv_proj, gate and up in one
+# gate_up_proj) and loads a checkpoint's tensors into them as vLLM does at tensor parallel 1.
+
+STAND_IN_SHAPES = {"model.embed_tokens.weight": (8, 4), "model.norm.weight": (4,)}
+for _layer in range(2):
+    STAND_IN_SHAPES.update({f"model.layers.{_layer}.{name}": shape for name, shape in {
+        "self_attn.q_proj.weight": (4, 4), "self_attn.k_proj.weight": (2, 4), "self_attn.v_proj.weight": (2, 4),
+        "self_attn.o_proj.weight": (4, 4), "self_attn.q_norm.weight": (2,), "self_attn.k_norm.weight": (2,),
+        "mlp.gate_proj.weight": (6, 4), "mlp.up_proj.weight": (6, 4), "mlp.down_proj.weight": (4, 6),
+        "input_layernorm.weight": (4,), "post_attention_layernorm.weight": (4,)}.items()})
+# where vLLM puts a checkpoint tensor of a fused projection: (the fused parameter, its first row there)
+STAND_IN_SLICES = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 4), "v_proj": ("qkv_proj", 6),
+                   "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 6)}
+STAND_IN_N = -(-18 // 4)        # the stand-in engine has 18 parameters; CHECKED_PER_LOAD is 4
+
+
+def _stand_in_checkpoint(shift=0.0):
+    g = torch.Generator().manual_seed(0)
+    return {name: torch.randn(shape, generator=g) + shift for name, shape in STAND_IN_SHAPES.items()}
+
+
+def _stand_in_engine(monkeypatch, tmp_path, repacked=()):
+    """A VLLMEngine on the stand-in, which starts from the checkpoint _stand_in_checkpoint() saved in tmp_path.
+    Its `llm.drops`: checkpoint names it does not load (vLLM only warns of such a weight); `llm.corrupts`:
+    parameters it changes after each load; `repacked`: parameters it holds as empty tensors, as vLLM's CPU
+    kernels leave linear weights after repacking them, and loads nothing into."""
+    import os
+    import sys
+    import types
+    from safetensors.torch import load_file, save_file
+    import rollout
+
+    class StandInLLM:
+        def __init__(self, model, **arguments):
+            state, self.drops, self.corrupts = load_file(os.path.join(model, "model.safetensors")), set(), set()
+            params = {}
+            for name, tensor in state.items():
+                module, _, leaf = name.rpartition(".")
+                parent, _, part = module.rpartition(".")
+                if part in STAND_IN_SLICES:
+                    fused = f"{parent}.{STAND_IN_SLICES[part][0]}.{leaf}"
+                    params[fused] = torch.cat([params[fused], tensor]) if fused in params else tensor.clone()
+                else:
+                    params[name] = tensor.clone()
+            self.model = torch.nn.Module()
+            for name, tensor in params.items():
+                *path, leaf = name.split(".")
+                module = self.model
+                for part in path:
+                    if part not in module._modules:
+                        module.add_module(part, torch.nn.Module())
+                    module = module._modules[part]
+                module.register_parameter(leaf, torch.nn.Parameter(
+                    torch.empty(0) if name in repacked else tensor, requires_grad=False))
+            self.llm_engine = types.SimpleNamespace(vllm_config=types.SimpleNamespace(
+                model_config=types.SimpleNamespace(enable_sleep_mode=False)))
+
+        def reload_weights(self, weights_iterator):
+            params = dict(self.model.named_parameters())
+            for name, tensor in weights_iterator:
+                module, _, leaf = name.rpartition(".")
+                parent, _, part = module.rpartition(".")
+                fused, row = STAND_IN_SLICES.get(part, (part, 0))
+                target = f"{parent}.{fused}.{leaf}"
+                if name not in self.drops and target not in repacked:
+                    params[target].data[row:row + tensor.shape[0]] = tensor
+            for name in self.corrupts:
+                params[name].data.add_(1.0)
+
+        def collective_rpc(self, method, args=(), kwargs=None):
+            if method == "reload_weights":
+                return [self.reload_weights(**kwargs)]
+            worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(get_model=lambda: self.model))
+            return [method(worker, *args, **(kwargs or {}))]
+
+        def get_tokenizer(self):
+            return types.SimpleNamespace(eos_token_id=0)
+
+        def reset_prefix_cache(self):
+            pass
+
+    save_file(_stand_in_checkpoint(), str(tmp_path / "model.safetensors"))
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = StandInLLM
+    vllm_config = types.ModuleType("vllm.config")
+    vllm_config.SchedulerConfig = types.SimpleNamespace(DEFAULT_MAX_NUM_BATCHED_TOKENS=2048)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.config", vllm_config)
+    for variable in ("RANK", "LOCAL_RANK"):                    # VLLMEngine sets them for vLLM's launcher
+        monkeypatch.setenv(variable, os.environ.get(variable, "0"))
+    return rollout.VLLMEngine(str(tmp_path), max_prompt_len=8, max_response_len=8)
+
+
+def test_the_checkpoint_tensors_each_engine_parameter_is_made_of():
+    """vLLM fuses a Qwen3 layer's q, k and v projections into qkv_proj and its gate and up projections into
+    gate_up_proj, each the concatenation of its parts along the output dimension in that order (at tensor
+    parallel 1); every other parameter is the checkpoint's tensor of its name."""
+    from rollout import checkpoint_sources, composed_shape
+    layer = "model.layers.17"
+    assert checkpoint_sources(f"{layer}.self_attn.qkv_proj.weight") == (
+        [f"{layer}.self_attn.q_proj.weight", f"{layer}.self_attn.k_proj.weight", f"{layer}.self_attn.v_proj.weight"],
+        "concatenated")
+    assert checkpoint_sources(f"{layer}.mlp.gate_up_proj.weight") == (
+        [f"{layer}.mlp.gate_proj.weight", f"{layer}.mlp.up_proj.weight"], "concatenated")
+    for plain in ("self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+                  "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"):
+        assert checkpoint_sources(f"{layer}.{plain}") == ([f"{layer}.{plain}"], "as is")
+    for plain in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        assert checkpoint_sources(plain) == ([plain], "as is")
+    # Qwen3-4B's layer: 32 query heads and 8 key-value heads of 128, width 2560, MLP 9728
+    qwen3_4b = {f"{layer}.self_attn.q_proj.weight": (4096, 2560), f"{layer}.self_attn.k_proj.weight": (1024, 2560),
+                f"{layer}.self_attn.v_proj.weight": (1024, 2560), f"{layer}.mlp.gate_proj.weight": (9728, 2560),
+                f"{layer}.mlp.up_proj.weight": (9728, 2560)}
+    assert composed_shape(f"{layer}.self_attn.qkv_proj.weight", qwen3_4b) == (6144, 2560)
+    assert composed_shape(f"{layer}.mlp.gate_up_proj.weight", qwen3_4b) == (19456, 2560)
+    assert composed_shape("model.layers.0.mlp.gate_up_proj.weight", qwen3_4b) is None     # no such parts
+
+
+def test_a_fused_parameter_left_unloaded_is_reported(dist_world, monkeypatch, tmp_path):
+    """vLLM loads a checkpoint's k_proj into the k rows of qkv_proj, and only warns of a weight it did not
+    load: a k_proj or up_proj sent but not loaded leaves its fused parameter unequal to the concatenation
+    sent, which the load that reads that parameter back reports, within N loads; a faithful load says nothing."""
+    engine = _stand_in_engine(monkeypatch, tmp_path)
+    trained = _stand_in_checkpoint(shift=1.0)
+    assert [engine.load_weights(trained.items()) for _ in range(STAND_IN_N)] == [None] * STAND_IN_N
+    engine.llm.drops = {"model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight"}
+    trained = _stand_in_checkpoint(shift=2.0)
+    reports = [engine.load_weights(trained.items()) for _ in range(STAND_IN_N)]
+    assert set(reports) == {
+        None, "the engine's ['model.layers.0.mlp.gate_up_proj.weight'] differ from the trainer's after the load",
+        "the engine's ['model.layers.1.self_attn.qkv_proj.weight'] differ from the trainer's after the load"}
+
+
+def test_every_parameter_is_read_back_within_n_loads(dist_world, monkeypatch, tmp_path):
+    """CHECKED_PER_LOAD parameters a load, in turn: within the first N = ceil(18 / 4) loads of a fresh
+    engine each of the stand-in's 18 parameters, fused or not, is read back, so that one changed in the
+    engine after every load is reported within them (and only it)."""
+    engine = _stand_in_engine(monkeypatch, tmp_path)
+    names = [n for n, _ in engine.llm.model.named_parameters()]
+    assert len(names) == 18
+    trained = _stand_in_checkpoint(shift=1.0)
+    for name in names:
+        engine = _stand_in_engine(monkeypatch, tmp_path)
+        engine.llm.corrupts = {name}
+        reports = [engine.load_weights(trained.items()) for _ in range(STAND_IN_N)]
+        wrong = f"the engine's {[name]} differ from the trainer's after the load"
+        assert set(reports) == {wrong, None}, (name, reports)
+    assert engine.readback.loads_to_check_all == STAND_IN_N
+
+
+def test_parameters_held_in_another_layout_are_named_not_reported(dist_world, monkeypatch, tmp_path):
+    """On a CPU vLLM repacks the linear layers' weights for its kernels and leaves an empty tensor in each
+    one's place: the engine says at its start which parameters it cannot read back and what share of the
+    model's bytes it can, and no load reports the others as wrong."""
+    linear = [f"model.layers.{layer}.{name}.weight" for layer in range(2)
+              for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
+    engine = _stand_in_engine(monkeypatch, tmp_path, repacked=linear)
+    readback = engine.readback
+    assert sorted(readback.unreadable) == sorted(linear) and len(readback.checkable) == 10
+    assert readback.unreadable["model.layers.0.self_attn.qkv_proj.weight"] == \
+        "held as (0,) float32, the checkpoint's (8, 4) float32"
+    # bytes: 300 floats in all, of which the linear layers hold 2 x 120
+    assert (readback.readable_bytes, readback.total_bytes) == (60 * 4, 300 * 4)
+    assert readback.report().startswith(
+        "weight check: 10 of the engine's 18 parameters (20.0% of the model's bytes) are read back, 4 a load, "
+        "each within 3 loads; 8 cannot be read back on this device and are not checked: "
+        "model.layers.*.mlp.down_proj.weight x2 (held as (0,) float32, the checkpoint's (4, 6) float32), ")
+    trained = _stand_in_checkpoint(shift=1.0)
+    assert [engine.load_weights(trained.items()) for _ in range(3)] == [None] * 3
+
+
+@pytest.mark.vllm
+def test_the_cpu_engine_says_what_it_reads_back(dist_world, tiny_model_dir):
+    """vLLM's CPU engine repacks every linear layer's weight (an empty tensor is left in the parameter's place):
+    of the classroom-sized model's 34 engine parameters the embedding and the norms are read back, 16% of its
+    bytes, and the 16 linear weights are named as unreadable; N whole loads report nothing."""
+    from transformers import AutoModelForCausalLM
+    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=8)
+    readback = engine.readback
+    linear = {f"model.layers.{layer}.{name}.weight" for layer in range(4)
+              for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}
+    assert readback.parameters == 34 and set(readback.unreadable) == linear and len(readback.checkable) == 18
+    assert all(how.startswith("held as (0,) float32") for how in readback.unreadable.values())
+    assert round(readback.readable_bytes / readback.total_bytes, 3) == 0.159
+    assert "18 of the engine's 34 parameters (15.9% of the model's bytes)" in readback.report()
+    state = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    n = readback.loads_to_check_all
+    assert n == 5 and [engine.load_weights(state.items()) for _ in range(n)] == [None] * n
+    engine.close()

@@ -4,6 +4,8 @@ launcher is gone and keep a resume out until they do), the collapse watch, and w
 Each run is a `train.py` process in a session of its own, as in test_resume.py."""
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -191,3 +193,68 @@ def test_a_run_from_a_hub_id_offline_trains_on_the_cached_snapshot(tmp_path):
     from checkpoint import read_trainer_state
     saved = read_trainer_state(str(out / "checkpoints" / "step_1"))
     assert saved["fingerprints"]["model"] == model_fingerprint(snapshot)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 30 MiB tmpfs: room for two of the classroom's checkpoints (12.2 MB each) beside a run's logs, not three."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(disk)], capture_output=True,
+                         text=True)
+    if res.returncode:
+        pytest.skip(f"a small disk needs a tmpfs, which this user cannot mount ({res.stderr.strip()})")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+DISK_RUN = ["--method", "gt", "--steps", "3", "--save_every", "1", "--keep_last", "0", "--questions_per_step", "4",
+            "--group_size", "2", "--eval_limit", "4", "--eval_k", "0", "--eval_every", "3"]
+
+
+def assert_stopped_at_step_3_keeping_step_2(out, message):
+    import checkpoint
+    step_2 = os.path.join(out, "checkpoints", "step_2")
+    assert message == (f"out of disk: {checkpoint.disk_of(out)}, which holds --out {out}, has "
+                       f"{run.size(shutil.disk_usage(out).free)} free and a checkpoint needs "
+                       f"{run.size(checkpoint.folder_bytes(step_2))}; the run stopped, the newest complete checkpoint, "
+                       f"{step_2}, is kept: free some space, then continue with: python train.py --out {out} --resume")
+    assert [s for s, _ in checkpoint.complete(out)] == [1, 2] and checkpoint.is_checkpoint(step_2)
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_1", "step_2"]   # no step_3.partial left
+
+
+def test_a_disk_too_small_for_the_next_checkpoint_stops_in_one_line_keeping_the_last(small_disk):
+    """Before each save the run checks the disk's free space: the third checkpoint does not fit, so the run stops
+    with one line that names the disk, what is needed and the checkpoint kept. The summary line's account of a
+    checkpoint is what one takes."""
+    import checkpoint
+    out = str(small_disk / "run")
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--out", out, *DISK_RUN], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert_stopped_at_step_3_keeping_step_2(out, res.stderr.splitlines()[-1].removeprefix("train.py: error: "))
+    shown = float(re.search(r"checkpoints of ([\d.]+) MB", res.stdout).group(1)) * 1e6
+    assert abs(shown / checkpoint.folder_bytes(os.path.join(out, "checkpoints", "step_2")) - 1) < 0.05   # headers
+
+
+def test_a_save_that_fills_the_disk_stops_in_one_line_and_loses_nothing(small_disk, monkeypatch):
+    """A save that runs out of space anyway (the free-space check off, so DCP's writes meet ENOSPC): its partial
+    folder is removed, the run stops in one line (OutOfDisk, status 2), and the checkpoints before it are whole."""
+    from config import OutOfDisk
+    from test_train import run_in_process
+    monkeypatch.setattr(run, "check_room_on_all_ranks", lambda *args: None)
+    out = str(small_disk / "run")
+    stopped = run_in_process(out, "gt", *DISK_RUN[2:])
+    assert isinstance(stopped.error, OutOfDisk), stopped.error
+    assert_stopped_at_step_3_keeping_step_2(out, str(stopped.error))
+
+
+def test_the_runs_disk_account_by_hand():
+    """Checkpoints of 10 bytes, a final model of 3: while the third of three is written beside the two kept, 30;
+    keeping all (--keep_last 0, or more than are saved), every checkpoint and the final model."""
+    import checkpoint
+    assert checkpoint.run_disk_bytes(10, 3, keep_last=2, saves=3) == 30
+    assert checkpoint.run_disk_bytes(10, 3, keep_last=1, saves=3) == 20
+    assert checkpoint.run_disk_bytes(10, 3, keep_last=0, saves=3) == 33
+    assert checkpoint.run_disk_bytes(10, 3, keep_last=5, saves=3) == 33
+    assert checkpoint.run_disk_bytes(10, 13, keep_last=1, saves=4) == 23

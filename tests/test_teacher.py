@@ -61,6 +61,7 @@ def test_the_ema_weight_of_each_step_is_the_official_one():
     assert all(ema_alpha(s, 330) == pytest.approx(official(s, 330), abs=1e-15) for s in range(330))
 
 
+@pytest.mark.vllm
 def test_the_teacher_samples_the_teacher_rollout(dist_world, tiny_model_dir):
     """The teacher's responses come from the teacher's weights; a load of the policy then serves the
     policy (train.py loads the updated policy after each step; test_train checks that every step's

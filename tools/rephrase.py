@@ -28,6 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # the loop's modules
 
+import config  # noqa: E402
 from answers import extract_answer, is_equiv, majority_vote  # noqa: E402
 from rollout import request_seed  # noqa: E402
 
@@ -140,10 +141,12 @@ def main(argv=None):
                     help="keep pairs whose K-sample majority answers agree")
     ap.add_argument("--answer_temperature", type=float, default=1.0)
     ap.add_argument("--answer_tokens", type=int, default=1024, help="for each answer of --check_answers")
-    ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
+    ap.add_argument("--backend", choices=config.BACKENDS, default="auto",
+                    help="the engine: vllm, transformers' generate (hf), or auto: vLLM where it is installed, else hf")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    args.backend, _ = config.choose_backend(args.backend)
     from transformers import AutoTokenizer
     import data
     import run
@@ -165,4 +168,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    config.exit_on_usage_error(main, "rephrase.py")
