@@ -65,6 +65,10 @@ def labels_for(method, answers, ground_truth, teacher_answers=None):
     ground_truth: [groups] gold answers (used by `gt`, and by the metrics of every method).
     teacher_answers: [groups][G] the teacher's answers, group for group (teacher methods only): to the
       same prompts, or for coreward3 to their rephrasings.
+
+    A vote's label is the largest class of equal answers (answers.majority_vote): a tie goes to the class
+    whose first member came first, and a plurality of one labels, so that a group of G different answers
+    is labelled by its first. A group without any answer gives no label (None: its responses get 0).
     """
     check_method(method)
     n = len(answers)

@@ -507,7 +507,8 @@ class HFEngine:
             else:
                 unexpected.append(name)
         missing = [name for name, p in params.items() if id(p) not in loaded]
-        problems = [f"{len(missing)} of the engine's parameters were not sent ({missing[:3]})"] * bool(missing)
+        problems = [f"{len(missing)} of the model's {len(params)} tensors were not sent ({missing[:3]})"] * \
+            bool(missing)
         problems += [f"{len(unexpected)} tensors the engine does not have were sent ({unexpected[:3]})"] * \
             bool(unexpected)
         return "; ".join(problems) or None

@@ -146,8 +146,12 @@ def main():
             for v in variants:
                 out = os.path.join(tmp, f"{v}-{round_}")
                 preload, root = ([], args.before) if v == "before" else (PRELOADS[v], ROOT)
-                runs[v].append(account(*timed_run(out, preload, ENGINE_FLAGS.get(v, []) + args.flags, root)))
+                wall, runs_events = timed_run(out, preload, ENGINE_FLAGS.get(v, []) + args.flags, root)
+                runs[v].append(account(wall, runs_events))
                 learned = outcome(out)
+                if (v == "hf") not in first:          # each engine's evaluations, once
+                    print("\n".join(text for _, kind, text in runs_events if kind == "line" and
+                                     text.startswith("eval @")), flush=True)
                 first.setdefault(v == "hf", learned)
                 runs[v][-1]["same"] = same(learned, first[v == "hf"])
                 print(f"round {round_ + 1}, {v}: {runs[v][-1]['wall']:.1f} s, the same run as its engine's first: "

@@ -125,6 +125,7 @@ def walk():
     # as train.main: the settings, a world of one, the training questions, the models and the engine
     args = config.parse_args(["--method", "coreward1"])          # the classroom preset, as train.py's default run
     config.check_settings(args, 1)
+    args.backend, _ = config.choose_backend(args.backend)        # auto: vLLM where it is installed, as config.settings
     rank, world_size, device = init_distributed()
     from transformers import AutoTokenizer
     model_dir = world.base_model_dir()

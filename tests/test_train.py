@@ -272,6 +272,22 @@ def test_a_sync_that_drops_a_tensor_stops_the_run_within_that_step(tmp_path, mon
     assert not (out / "final").exists() and not (out / "checkpoints").exists()
 
 
+def test_groups_out_of_their_prompts_order_stop_the_step(tmp_path, monkeypatch):
+    """rewards.twin pairs group i with group i + P: the step checks that the engine returned the groups in the order
+    of their prompts (originals, then their rephrasings) before anything is labelled."""
+    real = train.make_engine
+
+    def shuffling_engine(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        generate = engine.generate
+        engine.generate = lambda *a, **k: generate(*a, **k)[::-1]
+        return engine
+    monkeypatch.setattr(train, "make_engine", shuffling_engine)
+    run = run_in_process(tmp_path / "shuffled", "coreward1", *SHORT, "--backend", "hf", "--eval_limit", "1")
+    assert isinstance(run.error, AssertionError) and "not in the order of their prompts" in str(run.error)
+    assert run.steps == []
+
+
 def test_eval_k_0_evaluates_greedily_only(tmp_path, capsys):
     """--eval_k 0 (the official preset's evaluation): the greedy accuracy, and no avg@k or maj@k."""
     run = run_in_process(tmp_path / "run", "gt", *SHORT, "--eval_k", "0")
@@ -391,6 +407,7 @@ def test_wandb_logs_what_metrics_jsonl_holds_and_a_resumed_run_continues_its_run
 
 
 
+@pytest.mark.vllm
 def test_a_default_run_prints_no_vllm_info_lines(tmp_path):
     """vLLM's INFO lines (one set per weight load) are off unless VLLM_LOGGING_LEVEL says otherwise."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}

@@ -86,6 +86,7 @@ def record(blocks):
     return dict(item.split(" ", 1) for item in items)
 
 
+@pytest.mark.vllm                         # the document shows vLLM's samples
 def test_the_document_shows_what_the_script_prints(walkthrough):
     printed, regenerated = walkthrough
     with open(DOCUMENT) as f:
