@@ -205,6 +205,11 @@ def checkpoint_bytes(policy, teacher):
     return 4 * (every_name(policy) + 2 * unique + (every_name(teacher) if teacher is not None else 0))
 
 
+def final_model_bytes(policy):
+    """What final/ takes on disk: the policy's fp32 weights, a tied tensor once (safetensors)."""
+    return 4 * sum(p.numel() for p in policy.parameters())
+
+
 def run_disk_bytes(one_checkpoint, model_bytes, keep_last, saves):
     """The most a run's folder holds at once, of its `saves` checkpoints: while one is written, the --keep_last
     before it (every one with --keep_last 0); at the end, the last --keep_last and final/ (the fp32 model)."""

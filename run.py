@@ -471,8 +471,7 @@ def disk_bytes(models, args):
     summary line (checkpoint.checkpoint_bytes, checkpoint.run_disk_bytes)."""
     one = checkpoint.checkpoint_bytes(models.policy, models.teacher)
     saves = -(-args.steps // args.save_every) if args.save_every else 0
-    return one, checkpoint.run_disk_bytes(one, 4 * sum(p.numel() for p in models.policy.parameters()),
-                                          args.keep_last, saves)
+    return one, checkpoint.run_disk_bytes(one, checkpoint.final_model_bytes(models.policy), args.keep_last, saves)
 
 
 def size(n):
@@ -538,7 +537,7 @@ def save_final(policy, model_dir, tokenizer, out, rank, preset):
     a final/ that is not whole. Its RUN_MARK names the run's preset, which a run from it keeps."""
     from transformers import AutoModelForCausalLM
     final = os.path.join(out, "final")
-    need = 4 * sum(p.numel() for p in policy.parameters())
+    need = checkpoint.final_model_bytes(policy)
     check_room_on_all_ranks(out, need, "the final model", rank)
     weights = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:

@@ -51,14 +51,6 @@ RUNNERS = {"v1": "0", "v2": "1"}          # --runner: VLLM_USE_V2_MODEL_RUNNER
 METHODS = ("coreward1", "coreward2")
 
 
-def has_vllm():
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def gib(n):
     return f"{n / 2**30:.2f} GiB"
 
@@ -165,7 +157,8 @@ def parse(argv=None):
 
 def main(argv=None):
     args = parse(argv)
-    backend = "vllm" if has_vllm() else "hf"
+    import config
+    backend, _ = config.choose_backend("auto")          # vLLM where it is installed, as train.py's default
     if args.child == "engine":
         failed = engine_checks(backend)
         if failed:
