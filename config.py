@@ -1,7 +1,7 @@
 """A run's settings: the presets, the flags, and the checks that refuse what cannot work.
 
 A setting comes from the first of: the flag on the command line; the method's values
-(METHOD_DEFAULTS: a method is a set of argument values); the preset's (PRESET_TABLE, one row a
+(METHOD_DEFAULTS, from the method's row of rewards.METHOD_TABLE); the preset's (PRESET_TABLE, one row a
 setting with its value in each preset: `classroom`, the default with no --model, runs the tiny
 world of world.py; `official`, the default with --model, is the paper's recipe as the official
 scripts run it; a model folder a run of this project wrote keeps that run's preset: `preset_of`).
@@ -20,7 +20,7 @@ import os
 import sys
 
 import checkpoint
-from rewards import METHODS, TEACHER_METHODS, TWO_VIEW_METHODS
+from rewards import METHODS
 
 class UsageError(Exception):
     """A mistake in what was asked for (a setting, a path, data that cannot be read, a folder in use),
@@ -114,14 +114,14 @@ PRESET_TABLE = [
 ]
 PRESET_NAMES = ("classroom", "official")           # PRESET_TABLE's columns
 PRESETS = {preset: {name: values[i] for name, *values in PRESET_TABLE} for i, preset in enumerate(PRESET_NAMES)}
-# A method is a set of argument values: these override the preset unless given on the command line.
-METHOD_DEFAULTS = {
-    "coreward1": dict(views="both"),         # each view's vote labels the other's responses
-    # the KL anchor is the EMA teacher, weaker than to the start model
-    "coreward2": dict(kl_coef=0.001),
-    "coreward3": dict(kl_coef=0.001, teacher_prompts="rephrased"),
-    "coreward3_both": dict(kl_coef=0.001, views="both"),
-}
+# A method's settings (its row of rewards.METHOD_TABLE: views, what the teacher answers, β) override the preset's
+# unless given on the command line. Those that every preset already has are left out, so that --help shows what a
+# method changes.
+def settings_changed_by(method):
+    return {k: v for k, v in method.settings().items() if any(p.get(k) != v for p in PRESETS.values())}
+
+
+METHOD_DEFAULTS = {name: settings_changed_by(m) for name, m in METHODS.items() if settings_changed_by(m)}
 VIEWS = ("original", "both")
 TEACHER_PROMPTS = ("same", "rephrased")
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
@@ -376,12 +376,14 @@ def check_settings(args, world_size):
     if args.group_size < 2:
         refuse(f"--group_size {args.group_size} must be at least 2: advantages compare a response with the others "
                f"to its question (a group of one has no spread; the paper uses 8)")
-    if args.method in TWO_VIEW_METHODS and args.views != "both":
+    method = METHODS[args.method]
+    if method.two_view and args.views != "both":
         refuse(f"--method {args.method} labels each question's responses with its rephrasing's vote: it needs "
                f"--views both, not --views {args.views}")
-    if args.teacher_prompts == "rephrased" and (args.method not in TEACHER_METHODS or args.views != "original"):
+    if args.teacher_prompts == "rephrased" and (method.teacher is None or args.views != "original"):
+        teachers = ", ".join(name for name, m in METHODS.items() if m.teacher is not None)
         refuse(f"--teacher_prompts rephrased has the EMA teacher answer the rephrasings of the original questions "
-               f"the policy trains on: it needs a teacher method ({', '.join(TEACHER_METHODS)}) and --views "
+               f"the policy trains on: it needs a teacher method ({teachers}) and --views "
                f"original, not --method {args.method} --views {args.views}")
     if getattr(args, "wandb", None):
         import importlib.util

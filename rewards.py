@@ -1,92 +1,59 @@
-"""Rewards: who labels a response, and the reward it gets.
+"""Rewards: who labels a response, and the reward it gets. A method is one row of METHOD_TABLE.
 
 Every answer-based method gives a response reward 1 when its final answer (the last
-\\boxed{...}) is mathematically equal to its question's label, and 0 otherwise; a response
-without an answer, or a question without a label (no response of the voters answered), gets 0.
-Methods differ only in where the label comes from:
+\\boxed{...}) is mathematically equal to its group's label, and 0 otherwise (`agreement`); a
+response without an answer, or a group without a label (none of its voters answered), gets 0.
+The label is the majority answer of the group's voters, and methods differ in who votes (the
+label source, LABEL_SOURCES):
 
-    gt         the ground truth (RLVR; uses labels, the upper baseline)
-    majority   the majority answer over the question's own G responses (TTRL / SRT)
-    coreward1  the majority answer over the G responses to the *other view* of the question:
-               the rephrased view's vote labels the original's responses, and vice versa
-               (Co-rewarding-I)
-    coreward2  the majority answer over G responses of the EMA teacher (teacher.py) to the
-               same question (Co-rewarding-II)
-    coreward3  the majority answer over G teacher responses to the question's rephrasing;
-               the policy samples and trains on the original questions only (the two
-               combined, as the official Co-rewarding-II code does with data.use_aug=True)
-    coreward3_both  this project's variant of coreward3: the policy trains on both views,
-               each labelled by the teacher's vote on the other view
+    gold                       the ground truth is the label (RLVR, `gt`; the upper baseline)
+    own vote                   the group's own G responses (TTRL / SRT, `majority`)
+    other view's vote          the G responses to the other view of the question: the rephrased
+                               view's vote labels the original's responses, and vice versa
+                               (Co-rewarding-I, `coreward1`)
+    teacher's vote             G responses of the EMA teacher (teacher.py) to the prompts it
+                               answers: the policy's own (Co-rewarding-II, `coreward2`), or their
+                               rephrasings, so that the policy samples and trains on the original
+                               questions only (`coreward3`: the two combined, as the official
+                               Co-rewarding-II code does with data.use_aug=True)
+    teacher's other-view vote  the teacher answers both views, and its vote on each group's other
+                               view labels it (`coreward3_both`, this project's variant)
 
-Two baselines need no answer at all; their reward is computed from the policy's own token
-distributions over the response (`certainty_per_token`):
+Two baselines need no answer at all (label source none): their reward is a response's mean over
+its tokens of a value of the policy's token distribution there (grpo.score_responses):
 
-    self_certainty   mean over response tokens of KL(Uniform || p)   (Intuitor)
-    entropy          minus the mean token entropy                  (RENT)
+    self_certainty   KL(Uniform || p)   (Intuitor)
+    entropy          minus the entropy  (RENT)
 
 A step's groups come as one flat list: groups [0, P) are the original questions and, when the
-run samples both views (`--views both`: the two-view methods coreward1 and coreward3_both
-always, the others on request), [P, 2P) their rephrasings, so group i's twin is
-`twin(i) = (i + P) mod 2P`. The other methods train on the original questions only by default,
-as the official scripts do; with both views they treat the two as independent questions. The
-teacher's groups come in the same order as the policy's: for coreward3 group i of the teacher
-answered the rephrasing of the policy's group i.
+run samples both views (`--views both`: the methods labelled by the other view always, the
+others on request), [P, 2P) their rephrasings, so group i's twin is `twin(i) = (i + P) mod 2P`.
+The other methods train on the original questions only by default, as the official scripts do;
+with both views they treat the two as independent questions. The teacher's groups come in the
+same order as the prompts it answered: for coreward3 group i of the teacher answered the
+rephrasing of the policy's group i.
+
+A new reward is one function beside `agreement` (answers, labels, voters -> rewards) or beside
+`self_certainty` (log-probs over the vocabulary -> a value per token), and one row of the table.
 
 Departure from the official code: answers are compared and voted on as mathematics
 (answers.py), not as raw strings, so "\\frac12", "0.5" and "1/2" are one answer.
 """
+import dataclasses
 import math
+from typing import Callable
 
 import torch
 
 from answers import answer_classes, is_equiv, majority_vote
 
-METHODS = ("gt", "majority", "coreward1", "coreward2", "coreward3", "coreward3_both", "self_certainty", "entropy")
-TEACHER_METHODS = ("coreward2", "coreward3", "coreward3_both")   # label with the EMA teacher's votes
-TWO_VIEW_METHODS = ("coreward1", "coreward3_both")               # label each view with the other's vote
-ANSWER_FREE_METHODS = ("self_certainty", "entropy")  # reward from the policy's token distributions
 
+# --------------------------------------------------------------------------------------------
+# Rewards: of a response's answer, given its group's label and voters; or of a response's tokens
 
-def check_method(method):
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-
-
-def twin(i, n_groups):
-    """The group holding the other view of group i's question."""
-    return (i + n_groups // 2) % n_groups
-
-
-def labels_for(method, answers, ground_truth, teacher_answers=None):
-    """One label per group.
-
-    answers: [groups][G] extracted answers (None where a response has none), originals first, then
-      (the two-view methods: always) their rephrasings.
-    ground_truth: [groups] gold answers (used by `gt`, and by the metrics of every method).
-    teacher_answers: [groups][G] the teacher's answers, group for group (teacher methods only): to the
-      same prompts, or for coreward3 to their rephrasings.
-
-    A vote's label is the largest class of equal answers (answers.majority_vote): a tie goes to the class
-    whose first member came first, and a plurality of one labels, so that a group of G different answers
-    is labelled by its first. A group without any answer gives no label (None: its responses get 0).
-    """
-    check_method(method)
-    n = len(answers)
-    if method in TWO_VIEW_METHODS and n % 2:
-        raise ValueError(f"{method} needs each question's rephrasing: an even number of groups (originals, then "
-                         f"rephrasings), got {n}")
-    if method in ANSWER_FREE_METHODS:
-        raise ValueError(f"{method} has no labels: its reward comes from certainty_per_token")
-    if method == "gt":
-        return list(ground_truth)
-    if method in TEACHER_METHODS:
-        if teacher_answers is None or len(teacher_answers) != n:
-            raise ValueError(f"{method} needs the teacher's answers for each of the {n} groups")
-        answers = teacher_answers
-    votes = [majority_vote(group) for group in answers]
-    if method not in TWO_VIEW_METHODS:
-        return votes                                  # the vote on the same group (coreward3: on its rephrasing)
-    return [votes[twin(i, n)] for i in range(n)]      # the other view's vote
+def agreement(answers, labels, voters):
+    """[groups][G] rewards in {0, 1}: 1 when the answer equals the group's label (the voters' majority)."""
+    return rewards_for(answers, labels)
 
 
 def rewards_for(answers, labels):
@@ -95,19 +62,139 @@ def rewards_for(answers, labels):
             for group, label in zip(answers, labels)]
 
 
-def certainty_per_token(method, logp_all):
-    """The answer-free reward of each response token, from the policy's log-probs over the vocabulary
-    logp_all [c, V] at that token's position -> [c]; a response's reward is the mean over its tokens
-    (grpo.score_responses, which computes them chunk by chunk, never for a whole batch at once):
-      self_certainty: KL(U || p) = -log V - (1/V) sum_v log p(v)
-      entropy:        -H(p)      = sum_v p(v) log p(v)
-    """
-    if method == "self_certainty":
-        return -math.log(logp_all.shape[-1]) - logp_all.mean(-1)
-    if method == "entropy":
-        return torch.linalg.vecdot(logp_all.exp(), logp_all)
-    raise ValueError(f"{method} is not an answer-free method ({', '.join(ANSWER_FREE_METHODS)})")
+def self_certainty(logp_all):
+    """KL(U || p) = -log V - (1/V) sum_v log p(v) of each token's distribution: logp_all [c, V] -> [c]."""
+    return -math.log(logp_all.shape[-1]) - logp_all.mean(-1)
 
+
+def negative_entropy(logp_all):
+    """-H(p) = sum_v p(v) log p(v) of each token's distribution: logp_all [c, V] -> [c]."""
+    return torch.linalg.vecdot(logp_all.exp(), logp_all)
+
+
+# --------------------------------------------------------------------------------------------
+# The methods
+
+@dataclasses.dataclass(frozen=True)
+class LabelSource:
+    voters: str            # whose answers vote: "gold" (the ground truth alone), "policy" or "teacher"
+    other_view: bool       # a group is labelled by the vote on its twin, the other view of its question
+
+
+LABEL_SOURCES = {
+    "gold":                      LabelSource("gold", other_view=False),
+    "own vote":                  LabelSource("policy", other_view=False),
+    "other view's vote":         LabelSource("policy", other_view=True),
+    "teacher's vote":            LabelSource("teacher", other_view=False),
+    "teacher's other-view vote": LabelSource("teacher", other_view=True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    name: str
+    labels: str | None     # the label source (LABEL_SOURCES); None: an answer-free reward of the tokens
+    views: str             # the views it trains on unless --views says otherwise: "original", or "both" (each
+                           # question with its rephrasing; a method labelled by the other view needs both)
+    teacher: str | None    # what the EMA teacher answers (--teacher_prompts): the policy's "same" prompts or their
+                           # "rephrased" twins; None: no teacher
+    kl_anchor: str         # the KL term's reference: the frozen "start" model, or the EMA "teacher"
+    kl_coef: float | None  # β of the KL term (--kl_coef); None: the preset's
+    reward: Callable       # labels: (answers, labels, voters) -> [groups][G]; none: (logp_all [c, V]) -> [c]
+
+    def __post_init__(self):
+        source = LABEL_SOURCES.get(self.labels) if self.labels is not None else None
+        if self.labels is not None and source is None:
+            raise ValueError(f"method {self.name}: unknown label source {self.labels!r}; one of "
+                             f"{', '.join(LABEL_SOURCES)}, or None for a reward of the tokens")
+        if self.views not in ("original", "both") or (self.two_view and self.views != "both"):
+            raise ValueError(f"method {self.name}: views {self.views!r} must be 'original' or 'both', and 'both' "
+                             f"when the other view labels")
+        if self.teacher not in (None, "same", "rephrased") or self.kl_anchor not in ("start", "teacher"):
+            raise ValueError(f"method {self.name}: teacher {self.teacher!r} must be None, 'same' or 'rephrased', "
+                             f"and kl_anchor {self.kl_anchor!r} 'start' or 'teacher'")
+        if self.teacher is None and (self.kl_anchor == "teacher" or (source and source.voters == "teacher")):
+            raise ValueError(f"method {self.name} votes or anchors with the teacher: it needs teacher 'same' or "
+                             f"'rephrased'")
+
+    @property
+    def two_view(self):
+        """Labelled by the other view's vote: it trains on both views, J(q) + J(q'), one token mean per view."""
+        return self.labels is not None and LABEL_SOURCES[self.labels].other_view
+
+    def settings(self):
+        """The run settings the method sets (config.py: they override the preset's, a flag overrides them)."""
+        return {k: v for k, v in (("views", self.views), ("teacher_prompts", self.teacher), ("kl_coef", self.kl_coef))
+                if v is not None}
+
+
+# One row a method. `python train.py --help` lists them; README.md's list of methods is this table.
+#  method            label source                 views       teacher      KL anchor  β      reward
+METHOD_TABLE = [
+    ("gt",             "gold",                      "original", None,        "start",   None,  agreement),
+    ("majority",       "own vote",                  "original", None,        "start",   None,  agreement),
+    ("coreward1",      "other view's vote",         "both",     None,        "start",   None,  agreement),
+    ("coreward2",      "teacher's vote",            "original", "same",      "teacher", 0.001, agreement),
+    ("coreward3",      "teacher's vote",            "original", "rephrased", "teacher", 0.001, agreement),
+    ("coreward3_both", "teacher's other-view vote", "both",     "same",      "teacher", 0.001, agreement),
+    ("self_certainty", None,                        "original", None,        "start",   None,  self_certainty),
+    ("entropy",        None,                        "original", None,        "start",   None,  negative_entropy),
+]
+METHODS = {name: Method(name, *facts) for name, *facts in METHOD_TABLE}
+
+
+def method_of(name):
+    """The Method of a name, or a ValueError that lists them."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+# --------------------------------------------------------------------------------------------
+# Labels
+
+def twin(i, n_groups):
+    """The group holding the other view of group i's question."""
+    return (i + n_groups // 2) % n_groups
+
+
+def label_groups(method, answers, ground_truth, teacher_answers=None):
+    """(labels, voters): one label per group, and the answers that voted for it (the method's label source).
+
+    answers: [groups][G] extracted answers (None where a response has none), originals first, then
+      (the two-view methods: always) their rephrasings.
+    ground_truth: [groups] gold answers (the label of `gt`, and the metrics of every method).
+    teacher_answers: [groups][G] the teacher's answers, group for group (methods with a teacher's vote): to the
+      same prompts, or for coreward3 to their rephrasings.
+
+    A vote's label is the largest class of equal answers (answers.majority_vote): a tie goes to the class
+    whose first member came first, and a plurality of one labels, so that a group of G different answers
+    is labelled by its first. A group whose voters gave no answer gets no label (None: its responses get 0).
+    The ground truth is a label as it stands: its voters are [gold].
+    """
+    m = method_of(method)
+    if m.labels is None:
+        raise ValueError(f"{method} has no labels: its reward is a value of the response's tokens")
+    source, n = LABEL_SOURCES[m.labels], len(answers)
+    if source.other_view and n % 2:
+        raise ValueError(f"{method} needs each question's rephrasing: an even number of groups (originals, then "
+                         f"rephrasings), got {n}")
+    if source.voters == "teacher" and (teacher_answers is None or len(teacher_answers) != n):
+        raise ValueError(f"{method} needs the teacher's answers for each of the {n} groups")
+    voters = {"gold": [[g] for g in ground_truth], "policy": answers, "teacher": teacher_answers}[source.voters]
+    if source.other_view:
+        voters = [voters[twin(i, n)] for i in range(n)]   # the other view's answers
+    labels = list(ground_truth) if source.voters == "gold" else [majority_vote(group) for group in voters]
+    return labels, voters
+
+
+def labels_for(method, answers, ground_truth, teacher_answers=None):
+    """One label per group (label_groups without the voters)."""
+    return label_groups(method, answers, ground_truth, teacher_answers)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# What a run without labels can see
 
 def group_diagnostics(answers, rewards):
     """What a run without labels can see of its groups, summed over the groups given (the caller

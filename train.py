@@ -10,7 +10,8 @@ One step (`training_step`):
    every other method trains on the original questions only (`--views original`, its default),
    as the official scripts do, and `--views both` gives it the twins as two independent questions;
 2. sample G responses to each question (and view) with the rollout engine (rollout.py);
-3. label each group and reward each response (rewards.py); for coreward1 the majority answer
+3. label each group and reward each response (rewards.py, where a method is one row of
+   METHOD_TABLE: who votes, what the teacher answers, the KL anchor, the reward); for coreward1 the majority answer
    over the q' responses labels the q responses and vice versa; for coreward2 the EMA teacher
    (teacher.py) samples G responses per question too and its majority is the label; for
    coreward3 the teacher answers the rephrasings instead (`--teacher_prompts rephrased`); the
@@ -60,8 +61,7 @@ import run
 from answers import extract_answer, is_equiv, majority_vote
 from eval import accuracies, benchmark_prompts, eval_counts
 from grpo import NonFiniteError, StepConfig, group_advantages, make_batch, score_responses, train_step
-from rewards import (ANSWER_FREE_METHODS, TEACHER_METHODS, TWO_VIEW_METHODS, certainty_per_token, common_answer_share,
-                     group_diagnostics, labels_for, rewards_for)
+from rewards import METHODS, common_answer_share, group_diagnostics, label_groups
 from rollout import make_engine, request_seed
 from sharding import all_sum, init_distributed, load_sharded, sync_engine_weights
 from teacher import ema_alpha, ema_update, teacher_rollout
@@ -140,15 +140,16 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
     gold = [q.answer for q in questions] * len(views)
     answers = [[extract_answer(s.text) for s in g] for g in groups]
     batch = make_batch([s for g in groups for s in g], models.pad_id, device)
-    if args.method in TWO_VIEW_METHODS:          # J(q) + J(q'): one token mean per view (grpo.py, NORMALISATION)
+    method = METHODS[args.method]                 # its row of rewards.METHOD_TABLE
+    if method.two_view:                           # J(q) + J(q'): one token mean per view (grpo.py, NORMALISATION)
         batch.view = torch.arange(len(views), device=device).repeat_interleave(len(questions) * args.group_size)
-    if args.method in ANSWER_FREE_METHODS:
+    if method.labels is None:                     # a reward of the response's tokens, under the policy
         labels = None
-        per_token = functools.partial(certainty_per_token, args.method)
-        rewards = score_responses(models.policy, batch, step_cfg, per_token).view(len(groups), args.group_size).cpu()
+        rewards = score_responses(models.policy, batch, step_cfg, method.reward).view(len(groups), args.group_size)
+        rewards = rewards.cpu()
     else:
-        labels = labels_for(args.method, answers, gold, teacher_answers)
-        rewards = torch.tensor(rewards_for(answers, labels))                      # [views x P, G]
+        labels, voters = label_groups(args.method, answers, gold, teacher_answers)
+        rewards = torch.tensor(method.reward(answers, labels, voters))           # [views x P, G]
 
     # 4. advantages, and the clipped-GRPO update(s)
     batch.advantages = group_advantages(rewards).flatten().to(device)
@@ -223,18 +224,21 @@ def build_models(args, model_dir, device, pad_id):
     """Policy, KL anchor (and teacher), optimizer, schedule and rollout engine.
 
     Built sharded: no rank ever holds a whole model on its device. The policy keeps fp32 weights for
-    AdamW and computes in --dtype. The KL anchor is the frozen start model, kept in --dtype as it only
-    runs forwards, or for the teacher methods the EMA teacher (which also samples), fp32 for its averaging."""
+    AdamW and computes in --dtype. A method with a teacher (its row of rewards.METHOD_TABLE) has the EMA
+    teacher, fp32 for its averaging. The KL anchor is the row's: the teacher, or the frozen start model, kept
+    in --dtype as it only runs forwards."""
     dtype = getattr(torch, args.dtype)
+    method = METHODS[args.method]
     policy = load_sharded(model_dir, device, torch.float32, dtype, args.activation_checkpointing, args.compile_layers)
-    teacher_method = args.method in TEACHER_METHODS
-    ref = load_sharded(model_dir, device, torch.float32 if teacher_method else dtype, dtype,
-                       compile_layers=args.compile_layers).requires_grad_(False)
+    frozen = lambda weights: load_sharded(model_dir, device, weights, dtype,
+                                          compile_layers=args.compile_layers).requires_grad_(False)
+    teacher = frozen(torch.float32) if method.teacher is not None else None
+    ref = teacher if method.kl_anchor == "teacher" else frozen(dtype)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(args.steps, args.warmup_ratio))
     engine = make_engine(args.backend, model_dir, args.max_prompt_len, args.max_response_len, dtype=args.dtype,
                          cpu_kv_cache_gib=args.cpu_kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization)
-    return Models(policy, ref, ref if teacher_method else None, optimizer, scheduler, engine, pad_id)
+    return Models(policy, ref, teacher, optimizer, scheduler, engine, pad_id)
 
 
 def step_config(args):

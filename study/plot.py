@@ -35,9 +35,10 @@ TRAIN_WINDOW = 10      # training metrics are per step (16 questions on the clas
 
 
 def method_order(method):
-    """Sort key: the methods in rewards.METHODS's order, any other after them by name."""
+    """Sort key: the methods in rewards.METHOD_TABLE's order, any other after them by name."""
     from rewards import METHODS
-    return (METHODS.index(method) if method in METHODS else len(METHODS), method)
+    order = list(METHODS)
+    return (order.index(method) if method in order else len(order), method)
 
 
 def read_run(path):

@@ -6,7 +6,7 @@ import torch
 import logprobs
 from grpo import StepConfig, score_responses
 from logprobs import naive_logprobs, naive_vocab_logprobs, token_logprobs
-from rewards import certainty_per_token
+from rewards import METHODS
 from test_grpo import _batch, _tiny_model
 
 
@@ -44,7 +44,7 @@ def test_chunked_answer_free_rewards_match_the_naive_formula(dist_world, monkeyp
     b, temperature = _batch(), 0.7
     model = _tiny_model()
     cfg = StepConfig(temperature=temperature, micro_batch_size=4)
-    rewards = score_responses(model, b, cfg, lambda logp_all: certainty_per_token(method, logp_all))
+    rewards = score_responses(model, b, cfg, METHODS[method].reward)
     with torch.no_grad():
         logp_all = naive_vocab_logprobs(model, b.input_ids, temperature)                # [B, T-1, V]
     per_token = -torch.log(torch.tensor(64.0)) - logp_all.mean(-1) if method == "self_certainty" \

@@ -1,4 +1,4 @@
-"""The README's shown output is what the default run prints: `python train.py --method coreward1` on 60
+"""The README's list of methods is rewards.METHOD_TABLE, row for row. Its shown output is what the default run prints: `python train.py --method coreward1` on 60
 steps, its run.log (the console without the progress bar) compared line by line with the README's
 block, the seconds of each save masked and the run's folder named as the README names it; and, where
 vLLM is not installed, its evaluation lines on transformers' generate compared with the README's second
@@ -10,8 +10,27 @@ import sys
 
 import pytest
 
+import rewards
 from config import vllm_installed
 from conftest import ROOT
+
+
+def method_row(method):
+    """A method's line of the README's list: its row of rewards.METHOD_TABLE, None shown as '–'."""
+    shown = lambda v: "–" if v is None else v
+    return (f"| `{method.name}` | {shown(method.labels)} | {method.views} | {shown(method.teacher)} | "
+            f"{method.kl_anchor} | {'preset' if method.kl_coef is None else method.kl_coef} | "
+            f"`{method.reward.__name__}` |")
+
+
+def test_the_readme_lists_the_methods_of_the_table():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    header = "| method | label source | views | teacher answers | KL anchor | β | reward |\n|---|---|---|---|---|---|---|\n"
+    assert header in text, "README.md has lost its list of methods (## The algorithm)"
+    listed = text.split(header, 1)[1].split("\n\n", 1)[0].splitlines()
+    table = [method_row(m) for m in rewards.METHODS.values()]
+    assert listed == table, "README.md's list of methods differs from rewards.METHOD_TABLE; its rows should be:\n" \
+        + "\n".join(table)
 
 
 def readme_blocks():

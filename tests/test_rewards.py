@@ -1,4 +1,6 @@
 """Who labels whom: the methods' labels and rewards on hand-made answer groups."""
+import re
+
 import pytest
 
 from rewards import labels_for, rewards_for, twin
@@ -85,3 +87,29 @@ def test_common_answer_share_by_hand():
     assert common_answer_share(["72", "0.5", "72.0", "\\frac12", "1/2", "9", None, None]) == 3 / 8   # {0.5, 1/2, 1/2}
     assert common_answer_share(["1", "2", "3", "4"]) == 1 / 4
     assert common_answer_share([None, None]) == 0.0 and common_answer_share([]) == 0.0
+
+
+def test_label_groups_gives_each_group_its_voters():
+    """The answers that voted for each label: the other view's (coreward1), the group's own (majority), the
+    ground truth alone (gt), the teacher's on the other view (coreward3_both)."""
+    from rewards import label_groups
+    assert label_groups("coreward1", ANSWERS, GOLD) == (["5", "7", "3", "8"], [ANSWERS[2], ANSWERS[3], ANSWERS[0],
+                                                                             ANSWERS[1]])
+    assert label_groups("majority", ANSWERS, GOLD)[1] == ANSWERS
+    assert label_groups("gt", ANSWERS, GOLD) == (GOLD, [["5"], ["7"], ["5"], ["7"]])
+    teacher = [["1"], ["2"], ["3"], ["4"]]
+    assert label_groups("coreward3_both", ANSWERS, GOLD, teacher) == (["3", "4", "1", "2"], [["3"], ["4"], ["1"],
+                                                                                           ["2"]])
+
+
+@pytest.mark.parametrize("row, message", [
+    (("m", "the crowd", "original", None, "start", None, None), "unknown label source 'the crowd'"),
+    (("m", "other view's vote", "original", None, "start", None, None), "'both' when the other view labels"),
+    (("m", "teacher's vote", "original", None, "start", None, None), "votes or anchors with the teacher"),
+    (("m", "own vote", "original", None, "teacher", None, None), "votes or anchors with the teacher"),
+    (("m", "own vote", "original", "sometimes", "start", None, None), "teacher 'sometimes' must be None"),
+])
+def test_a_row_that_cannot_work_is_refused_where_the_table_is_read(row, message):
+    from rewards import Method
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Method(*row)

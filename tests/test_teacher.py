@@ -6,7 +6,7 @@ import torch
 
 import world
 from logprobs import token_logprobs
-from rewards import certainty_per_token, labels_for
+from rewards import METHODS, labels_for, negative_entropy, self_certainty
 from rollout import make_engine, request_seed
 from sharding import gather_full_weights, shard
 from teacher import ema_alpha, ema_decay, ema_update, teacher_rollout
@@ -98,13 +98,12 @@ def test_certainty_rewards_by_hand():
     # two response positions over a vocabulary of 2
     logp = torch.tensor([[0.5, 0.5], [0.9, 0.1]]).log()
     # KL(U || p) = -log 2 - (log p1 + log p2) / 2: 0 for uniform; -log2 - (log .9 + log .1)/2 = 0.51083
-    sc = certainty_per_token("self_certainty", logp)
+    sc = self_certainty(logp)
     assert torch.allclose(sc, torch.tensor([0.0, 0.5108256]), atol=1e-6)
     # -entropy: -log 2 = -0.693147; -0.325083
-    ent = certainty_per_token("entropy", logp)
+    ent = negative_entropy(logp)
     assert torch.allclose(ent, torch.tensor([-0.6931472, -0.3250830]), atol=1e-6)
-    with pytest.raises(ValueError, match="not an answer-free method"):
-        certainty_per_token("coreward1", logp)
+    assert METHODS["self_certainty"].reward is self_certainty and METHODS["entropy"].reward is negative_entropy
 
 
 def test_teacher_labels():

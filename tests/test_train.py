@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import config
+import rewards
 import train
 import world
 from answers import majority_vote
@@ -25,10 +26,11 @@ from grpo import NonFiniteError, group_advantages
 from sharding import gather_full_weights
 from teacher import ema_decay
 
-METHODS = ["gt", "majority", "coreward1", "coreward2", "coreward3", "coreward3_both", "self_certainty", "entropy"]
-TEACHER_METHODS = ["coreward2", "coreward3", "coreward3_both"]
-TWO_VIEW = ["coreward1", "coreward3_both"]         # the others train on the original questions by default
-ANSWER_FREE = ["self_certainty", "entropy"]
+# the methods by what their rows of rewards.METHOD_TABLE say
+METHODS = list(rewards.METHODS)
+TEACHER_METHODS = [name for name, m in rewards.METHODS.items() if m.teacher is not None]
+TWO_VIEW = [name for name, m in rewards.METHODS.items() if m.views == "both"]
+ANSWER_FREE = [name for name, m in rewards.METHODS.items() if m.labels is None]
 PAIRS, G, STEPS, EVAL_LIMIT = 8, 4, 2, 16
 SHORT = ["--steps", str(STEPS), "--questions_per_step", str(PAIRS), "--group_size", str(G),
          "--eval_limit", str(EVAL_LIMIT), "--eval_every", "2"]
@@ -482,18 +484,18 @@ def test_coreward3_trains_on_the_originals_labelled_by_the_teachers_vote_on_the_
     questions only; the teacher answers their rephrasings, group for group, and its majority on q'
     labels the policy's responses to q."""
     rollouts, labelled = [], []
-    real_rollout, real_labels = train.teacher_rollout, train.labels_for
+    real_rollout, real_labels = train.teacher_rollout, train.label_groups
 
     def teacher_rollout(engine, teacher, prompt_ids, seeds, *args):
         rollouts.append(prompt_ids)
         return real_rollout(engine, teacher, prompt_ids, seeds, *args)
 
-    def labels_for(method, answers, gold, teacher_answers=None):
-        labels = real_labels(method, answers, gold, teacher_answers)
+    def label_groups(method, answers, gold, teacher_answers=None):
+        labels, voters = real_labels(method, answers, gold, teacher_answers)
         labelled.append((teacher_answers, labels))
-        return labels
+        return labels, voters
     monkeypatch.setattr(train, "teacher_rollout", teacher_rollout)
-    monkeypatch.setattr(train, "labels_for", labels_for)
+    monkeypatch.setattr(train, "label_groups", label_groups)
     run = run_in_process(tmp_path / "c3", "coreward3", *SHORT, "--steps", "1")
     assert run.error is None
     originals, rephrased = _encoded_questions()
@@ -507,6 +509,22 @@ def test_coreward3_trains_on_the_originals_labelled_by_the_teachers_vote_on_the_
     assert labels == [majority_vote(group) for group in teacher_answers]
     assert run.step_records[0]["responses"] == PAIRS * G
 
+
+
+def test_a_new_method_is_one_row_of_the_table(tmp_path, monkeypatch):
+    """A method that is one new row of rewards.METHOD_TABLE, with its own reward function, runs with no other
+    edit: here the reward pays any boxed answer and the label is the group's own vote. The step rewards with
+    the row's function (the mean reward is the share of answered responses) and labels with its source."""
+    def boxed(answers, labels, voters):
+        assert voters == answers                                  # "own vote": a group's own answers vote
+        return [[float(a is not None) for a in group] for group in answers]
+    monkeypatch.setitem(rewards.METHODS, "boxed", rewards.Method("boxed", "own vote", "original", None, "start",
+                                                                 None, boxed))
+    run = run_in_process(tmp_path / "boxed", "boxed", *SHORT, "--steps", "1")
+    assert run.error is None
+    record = run.step_records[0]
+    assert record["reward"] == pytest.approx(1 - record["no_answer"], abs=1e-12) and 0 < record["reward"] < 1
+    assert record["label_acc"] is not None and record["responses"] == PAIRS * G
 
 
 def test_views_both_gives_a_baseline_the_rephrasings(tmp_path):
