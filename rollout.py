@@ -288,6 +288,10 @@ class VLLMEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.ends = end_tokens(model_dir, self.tokenizer)
 
+    def weight_check_report(self):
+        """One line: what each weight load reads back on this device (Readback.report)."""
+        return self.readback.report()
+
     def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -494,6 +498,11 @@ class HFEngine:
         texts = response_texts(self.tokenizer, kept)
         return [[Sample(list(p), kept[j], out_lps[j][:len(kept[j])], texts[j], ended[j] is not None)
                  for j in range(i * n, (i + 1) * n)] for i, p in enumerate(prompt_ids)]
+
+    def weight_check_report(self):
+        """One line: what each weight load checks (the engine's parameters are the tensors copied in)."""
+        return (f"weight check: each of the engine's {len(dict(self.model.named_parameters()))} parameters is "
+                f"copied in place from the trainer's tensor of its name, and every load must send each")
 
     @torch.no_grad()
     def load_weights(self, named_tensors):

@@ -382,9 +382,10 @@ def model_folder_for_all_ranks(model):
 ENGINE_NAMES = {"vllm": "vLLM", "hf": "transformers' generate"}
 
 
-def write_config(args, rank, disk):
+def write_config(args, rank, disk, weight_check):
     """Write the run's configuration to config.json and print its summary (rank 0), with `disk`: (a
-    checkpoint's bytes, the most the run's folder holds at once) (disk_bytes)."""
+    checkpoint's bytes, the most the run's folder holds at once) (disk_bytes), then the engine's line on
+    what its weight syncs check (`weight_check_report`)."""
     if rank == 0:
         path = os.path.join(args.out, "config.json")
         with open(path, "w") as f:
@@ -398,6 +399,7 @@ def write_config(args, rank, disk):
               f"{ENGINE_NAMES[args.backend]} ({getattr(args, 'backend_reason', 'as the checkpoint it resumes')}); "
               f"checkpoints of {size(disk[0])}, at most {size(disk[1])} on disk; every setting in {path}",
               flush=True)
+        print(weight_check, flush=True)
 
 
 def write_samples(out, step, examples, tokenizer):

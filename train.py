@@ -344,7 +344,7 @@ def main(argv=None):
         log = run.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0,
                              resume_step=start if resume else None, wandb_run=wandb_run)
         watch = run.CollapseWatch()
-        run.write_config(args, rank, run.disk_bytes(models, args))
+        run.write_config(args, rank, run.disk_bytes(models, args), models.engine.weight_check_report())
         if start == 0:
             evaluate(0, models.engine, eval_set, args, device, log, rank, tokenizer)
         signals, stopped = run.StopSignals(), False

@@ -2,7 +2,7 @@
 and the per-GPU memory account of the official preset.
 
     python bench/scale.py                       # the tables of bench/README.md
-    python bench/scale.py --account-only        # the memory account of Qwen3-4B-Base on 8 x 80 GB
+    python bench/scale.py --account-only        # the memory and disk account of Qwen3-4B-Base on 8 x 80 GB
 
 The model is Qwen3-shaped and randomly initialised: vocabulary 151,936 (the classroom tokenizer
 padded to it: the Qwen tokenizer cannot be downloaded here), head_dim 128, tied embeddings as in
@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import checkpoint  # noqa: E402
 import grpo  # noqa: E402
 import logprobs  # noqa: E402
 import sharding  # noqa: E402
@@ -55,7 +56,9 @@ SMALL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=768, num_hidde
 QWEN3_4B = dict(vocab_size=VOCAB, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
 GiB = 2**30
+CARD_BYTES = 85.0e9                 # what CUDA reports for an "80 GB" card (79.2 GiB): the share vLLM takes is of this
 OFFICIAL_UTILIZATION = 0.75         # config.PRESETS["official"]["gpu_memory_utilization"]
+OPENRS_PAIRS = 6_999                # data/train/openrs_pairs.parquet: 3 epochs of 128 questions are 164 steps
 
 # What each variant turns on. "before": everything as it was.
 VARIANTS = {
@@ -82,7 +85,7 @@ def param_count(c):
 
 
 def memory_account(c, world_size=8, micro_tokens=16_384, compute_bytes=2, ref_bytes=2, checkpointing=True,
-                   defer_grad_sync=False, gpu_bytes=80e9, vllm_share=0.3, weight_sync=True,
+                   defer_grad_sync=False, gpu_bytes=CARD_BYTES, vllm_share=0.3, weight_sync=True,
                    logit_chunk=logprobs.LOGIT_CHUNK):
     """Bytes per GPU of the official preset's training, by part, from the model config `c`.
 
@@ -129,7 +132,7 @@ VLLM_GRAPHS = (0.3, 1.0)         # CUDA graphs captured for batch sizes up to 25
 FRAGMENTATION = (0.05, 0.10)     # of a phase's tensors, lost to the caching allocator's fragmentation
 
 
-def gpu_phases(c, world_size=8, device_bytes=80e9, utilization=0.75, teacher=False, micro_tokens=16_384):
+def gpu_phases(c, world_size=8, device_bytes=CARD_BYTES, utilization=0.75, teacher=False, micro_tokens=16_384):
     """The per-GPU memory of the official preset in its three phases, as (low, high) bytes per part, and
     the KV-cache tokens per rank. vLLM sleeps (level 2) while the trainer trains, and wakes for the
     weight sync (its weights) and the rollout (its KV cache), so the phases do not add up:
@@ -202,6 +205,26 @@ def print_account(parts, gpu_bytes):
         print(f"{name:<52} {value / 1e9:>7.2f}")
     print(f"{'total':<52} {total / 1e9:>7.2f}   of {gpu_bytes / 1e9:.0f} GB: "
           f"margin {(gpu_bytes - total) / 1e9:.1f} GB")
+
+
+def disk_account(c, steps, save_every=10, keep_last=2, teacher=False):
+    """(one checkpoint's bytes, final/'s, the most the run's folder holds at once) for a model config `c`, as
+    checkpoint.checkpoint_bytes and checkpoint.run_disk_bytes count them for a run: the fp32 policy under every
+    name (a tied embedding twice), AdamW's two fp32 moments, and the fp32 teacher (the teacher methods)."""
+    P = param_count(c)[0]
+    every_name = P + (c["vocab_size"] * c["hidden_size"] if c["tie_word_embeddings"] else 0)
+    one = 4 * (every_name + 2 * P + (every_name if teacher else 0))
+    final = 4 * P
+    return one, final, checkpoint.run_disk_bytes(one, final, keep_last, -(-steps // save_every))
+
+
+def print_disk(c, steps):
+    print(f"\nDisk: the official preset's run of {steps} steps (3 epochs of OpenRS at 128 questions), a checkpoint "
+          f"every 10 steps, --keep_last 2, then final/ (the fp32 model)")
+    for method, teacher in (("coreward1", False), ("coreward2 (teacher in the checkpoint)", True)):
+        one, final, most = disk_account(c, steps, teacher=teacher)
+        print(f"  {method:<40} a checkpoint {one / 1e9:>6.1f} GB, final/ {final / 1e9:>5.1f} GB, the run's folder "
+              f"at most {most / 1e9:>6.1f} GB")
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,12 +426,15 @@ def main():
 
     parts = args.parts.split(",")
     if "account" in parts or args.account_only:
-        print("Memory per GPU: Qwen3-4B-Base, official preset, 8 x 80 GB, micro-batches of 16,384 tokens, vLLM at "
-              f"--gpu_memory_utilization {OFFICIAL_UTILIZATION} while it samples, asleep while the trainer trains")
+        print(f"Memory per GPU: Qwen3-4B-Base, official preset, 8 x 80 GB ({CARD_BYTES / 1e9:.1f}e9 bytes each, as "
+              f"CUDA reports them), micro-batches of 16,384 tokens, vLLM at --gpu_memory_utilization "
+              f"{OFFICIAL_UTILIZATION} while it samples, asleep while the trainer trains")
         for method, teacher in (("coreward1", False), ("coreward2 (teacher in fp32)", True)):
             print(f"\n== {method}")
             phases, kv = gpu_phases(QWEN3_4B, utilization=OFFICIAL_UTILIZATION, teacher=teacher)
-            print_phases(phases, kv, 80e9, sequences=(2 if not teacher else 1) * 128 // 8 * 8, max_tokens=512 + 3072)
+            print_phases(phases, kv, CARD_BYTES, sequences=(2 if not teacher else 1) * 128 // 8 * 8,
+                         max_tokens=512 + 3072)
+        print_disk(QWEN3_4B, steps=int(3 * OPENRS_PAIRS / 128))
     if args.account_only:
         return
 

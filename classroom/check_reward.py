@@ -31,7 +31,9 @@ CASES = [
 ]
 
 
-def main():
+def main(argv=None):
+    import argparse
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     import rewards
     reward = getattr(rewards, "soft_agreement", None)
     if reward is None:

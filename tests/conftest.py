@@ -10,10 +10,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT] + [os.path.join(ROOT, folder) for folder in ("classroom", "study", "tools")]
 
 
+# The quick tier (`python -m pytest -m quick`, the loop of an edit to the algorithm): the tests of these files, the
+# algorithm's and its settings', but those that start an engine (marked vllm) or several processes or compile
+# (marked full). Engines and whole runs are in the full suite only.
+QUICK_FILES = ("test_grpo.py", "test_rewards.py", "test_teacher.py", "test_logprobs.py", "test_answers.py",
+               "test_data.py", "test_config.py", "test_exercises.py", "test_scale.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `vllm` start vLLM's engine or check what it samples: where vLLM is not installed (macOS; or
-    tests/without_vllm on PYTHONPATH) they are skipped, with the reason. Every other test runs either way."""
+    """Marks the quick tier (QUICK_FILES). Tests marked `vllm` start vLLM's engine or check what it samples: where
+    vLLM is not installed (macOS; or tests/without_vllm on PYTHONPATH) they are skipped, with the reason. Every
+    other test runs either way."""
     from config import VLLM_PLATFORMS, vllm_installed
+    for item in items:
+        if item.path.name in QUICK_FILES and not (item.get_closest_marker("vllm") or item.get_closest_marker("full")):
+            item.add_marker(pytest.mark.quick)
     if vllm_installed():
         return
     skip = pytest.mark.skip(reason=f"needs vLLM, which is not installed here (requirements.txt installs it on "

@@ -7,7 +7,7 @@ import rewards
 def _check(capsys):
     """check_reward.main's verdict: its message, and whether it passed."""
     try:
-        check_reward.main()
+        check_reward.main([])
     except SystemExit as e:
         return str(e.code), False
     return capsys.readouterr().out, True

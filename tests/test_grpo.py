@@ -205,6 +205,7 @@ def test_micro_batches_match_whole_batch(dist_world, mini_batches, split):
     assert moved > 1e-3          # the update did something
 
 
+@pytest.mark.full
 def test_compiled_layers_make_the_same_update(dist_world):
     """torch.compile of each decoder layer (--compile_layers) runs compiled graphs and moves the
     weights as the plain layers do (two mini-batches, micro-batches of 2)."""
@@ -242,6 +243,7 @@ def test_activation_checkpointing_keeps_the_update_and_saves_activations(dist_wo
     assert checkpointed < 0.7 * full, (checkpointed, full)
 
 
+@pytest.mark.full
 def test_two_ranks_match_one_rank(tmp_path):
     """Same global batch: one rank holding all of it, or two ranks holding half each, with
     different token counts; one update, and two mini-batches in the same order, split into passes by

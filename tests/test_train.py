@@ -438,9 +438,10 @@ def test_the_console_shows_the_programs_own_lines_and_the_run_folder_keeps_them(
     assert "FutureWarning" not in output and "Loading weights" not in output and "Loading safetensors" not in output
     lines = res.stdout.splitlines()
     assert lines[0].startswith("coreward1 on classroom, preset classroom (no --model: the classroom world): 2 steps")
-    assert lines[1].startswith("eval @ step 0: avg@8 ") and lines[2].startswith("eval @ step 2: avg@8 ")
+    assert lines[1].startswith("weight check: ")          # the engine's Readback.report (tests/test_rollout.py)
+    assert lines[2].startswith("eval @ step 0: avg@8 ") and lines[3].startswith("eval @ step 2: avg@8 ")
     log = (out / "run.log").read_text()
-    assert "\r" not in log and lines[0] in log and lines[2] in log and "saved " in log
+    assert "\r" not in log and lines[0] in log and lines[3] in log and "saved " in log
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [(s["step"], s["question"], s["kind"]) for s in samples] == \
         [(step, q, kind) for step in (0, 2) for q in range(3) for kind in ("greedy", "sample")]

@@ -1,0 +1,118 @@
+"""Every command the documents give, read out of them: README.md, RUNNING.md, EXERCISES.md, WALKTHROUGH.md and the
+READMEs of study/ and classroom/, in their bash blocks and their inline code. Each script a command names runs
+from the repository root, in a subprocess, with --help (the whole command is long: a run, a study), so that a
+script that cannot start (a lost import, a moved file) fails here; a train.py or eval.py command's flags are
+parsed and checked as the script would before it runs anything, so that a flag the script does not know, or a
+setting it refuses, fails here too. A Python snippet fed on standard input (`python - <<'EOF'`) runs whole.
+A new command is covered when it is written."""
+import functools
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+import config
+from conftest import ROOT
+
+DOCUMENTS = ["README.md", "RUNNING.md", "EXERCISES.md", "WALKTHROUGH.md", "study/README.md", "classroom/README.md"]
+LAUNCHERS = ("python", "python3", "torchrun")
+# methods the exercises have the reader add to rewards.METHOD_TABLE, and the method whose settings each has
+EXERCISE_METHODS = {"coreward1_soft": "coreward1"}
+
+
+def shell_lines(text):
+    """The lines of the bash blocks, continuation lines joined, and each heredoc as (line, its body)."""
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        lines, body = iter(block.replace("\\\n", " ").splitlines()), None
+        for line in lines:
+            heredoc = re.search(r"<<'?(\w+)'?", line)
+            if heredoc:
+                body = "\n".join(iter(lambda: next(lines), heredoc.group(1)))
+            yield line, body
+            body = None
+
+
+def words_of(command):
+    """A command's words as the shell splits them; a line that opens a quote it closes on a later line
+    (`python -c "...`) is split at its spaces."""
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return command.split()
+
+
+def commands():
+    """(document, command words, heredoc body or None) of every command a document gives that starts one of the
+    repository's scripts: the bash blocks' lines and the inline code spans that start with a launcher."""
+    found = []
+    for doc in DOCUMENTS:
+        text = open(os.path.join(ROOT, doc)).read()
+        inline = [(span, None) for span in re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))]
+        for line, body in list(shell_lines(text)) + inline:
+            for part in re.split(r"&&|;|\|", line.split(" #")[0]):
+                words = words_of(part.split("<<")[0])
+                while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):       # OMP_NUM_THREADS=1 python ...
+                    words = words[1:]
+                if words and words[0] in LAUNCHERS:
+                    found.append((doc, words, body if "<<" in part else None))
+    return found
+
+
+def script_of(words):
+    """(the repository's script a command starts, its arguments), or (None, None): `python -m ...`, a heredoc,
+    a script outside the repository (the exercises' /tmp/ex/show.py)."""
+    args = [w for w in words[1:] if not (words[0] == "torchrun" and w.startswith("--")) and w != "..."]
+    if not args or args[0] in ("-", "-c", "-m") or not args[0].endswith(".py") or os.path.isabs(args[0]):
+        return None, None
+    return args[0], args[1:]
+
+
+COMMANDS = commands()
+SCRIPTS = sorted({script_of(words)[0] for _, words, _ in COMMANDS} - {None})
+SNIPPETS = [(doc, body) for doc, words, body in COMMANDS if body is not None and words[1:2] == ["-"]]
+
+
+def test_the_documents_give_commands():
+    """The reader finds them: the README's default run, RUNNING.md's seed run, the study's and the exercises."""
+    given = {" ".join(words) for _, words, _ in COMMANDS}
+    assert {"python train.py --method coreward1", "python classroom/check_reward.py"} <= given
+    assert {"train.py", "eval.py", "study/study.py", "study/plot.py", "tools/smollm.py"} <= set(SCRIPTS)
+
+
+@functools.cache
+def runs_help(script):
+    res = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return res.returncode, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_documented_script_starts(script):
+    assert os.path.isfile(os.path.join(ROOT, script)), f"{script} is named in the documents but does not exist"
+    status, out = runs_help(script)
+    assert status == 0 and "usage:" in out, f"python {script} --help failed (status {status}):\n{out[-2000:]}"
+
+
+@pytest.mark.parametrize("doc, words", [(doc, words) for doc, words, _ in COMMANDS
+                                         if script_of(words)[0] in ("train.py", "eval.py")],
+                         ids=lambda x: " ".join(x) if isinstance(x, list) else x)
+def test_each_documented_run_is_one_the_script_accepts(doc, words):
+    """The flags as train.py (config.parse_args, then check_settings in the world --ranks asks for) or eval.py
+    (its parser) take them; a --resume is checked against its checkpoint only when it runs."""
+    import eval as evaluation
+    script, args = script_of(words)
+    if script == "eval.py":
+        evaluation.parse_args(args)
+        return
+    settings = config.parse_args([EXERCISE_METHODS.get(a, a) for a in args])
+    if settings.resume is None:
+        config.check_settings(settings, settings.ranks or 1)
+
+
+@pytest.mark.parametrize("doc, body", SNIPPETS, ids=lambda x: x if isinstance(x, str) and len(x) < 40 else None)
+def test_each_documented_snippet_runs(doc, body):
+    res = subprocess.run([sys.executable, "-"], input=body, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert res.returncode == 0, f"a snippet of {doc} failed:\n{body[:500]}\n{res.stderr[-2000:]}"
