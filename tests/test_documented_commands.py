@@ -3,7 +3,7 @@ READMEs of study/ and classroom/, in their bash blocks and their inline code. Ea
 from the repository root, in a subprocess, with --help (the whole command is long: a run, a study), so that a
 script that cannot start (a lost import, a moved file) fails here; a train.py or eval.py command's flags are
 parsed and checked as the script would before it runs anything, so that a flag the script does not know, or a
-setting it refuses, fails here too. A Python snippet fed on standard input (`python - <<'EOF'`) runs whole.
+setting it refuses, fails here too. A block that feeds Python a snippet (`python - <<'EOF'`) runs whole.
 A new command is covered when it is written."""
 import functools
 import os
@@ -64,7 +64,9 @@ def commands():
 def script_of(words):
     """(the repository's script a command starts, its arguments), or (None, None): `python -m ...`, a heredoc,
     a script outside the repository (the exercises' /tmp/ex/show.py)."""
-    args = [w for w in words[1:] if not (words[0] == "torchrun" and w.startswith("--")) and w != "..."]
+    args = [w for w in words[1:] if w != "..."]                      # "...": the prose's other flags
+    if words[0] == "torchrun":                                         # its own flags, then the script's
+        args = args[next((i for i, w in enumerate(args) if w.endswith(".py")), len(args)):]
     if not args or args[0] in ("-", "-c", "-m") or not args[0].endswith(".py") or os.path.isabs(args[0]):
         return None, None
     return args[0], args[1:]
@@ -72,7 +74,10 @@ def script_of(words):
 
 COMMANDS = commands()
 SCRIPTS = sorted({script_of(words)[0] for _, words, _ in COMMANDS} - {None})
-SNIPPETS = [(doc, body) for doc, words, body in COMMANDS if body is not None and words[1:2] == ["-"]]
+# the bash blocks that feed Python a snippet, each with what it needs before it (a copy, a drawing): run whole
+SNIPPET_BLOCKS = [(doc, block) for doc in DOCUMENTS
+                  for block in re.findall(r"```bash\n(.*?)```", open(os.path.join(ROOT, doc)).read(), re.S)
+                  if re.search(r"^python3? - <<", block, re.M)]
 
 
 def test_the_documents_give_commands():
@@ -106,13 +111,18 @@ def test_each_documented_run_is_one_the_script_accepts(doc, words):
     if script == "eval.py":
         evaluation.parse_args(args)
         return
-    settings = config.parse_args([EXERCISE_METHODS.get(a, a) for a in args])
+    args = [EXERCISE_METHODS.get(a, a) for a in args]
+    if "--method" not in args and "--resume" not in args:             # a fragment in the prose: its flags
+        args += ["--method", "gt"]
+    settings = config.parse_args(args)
     if settings.resume is None:
         config.check_settings(settings, settings.ranks or 1)
 
 
-@pytest.mark.parametrize("doc, body", SNIPPETS, ids=lambda x: x if isinstance(x, str) and len(x) < 40 else None)
-def test_each_documented_snippet_runs(doc, body):
-    res = subprocess.run([sys.executable, "-"], input=body, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": ROOT})
-    assert res.returncode == 0, f"a snippet of {doc} failed:\n{body[:500]}\n{res.stderr[-2000:]}"
+@pytest.mark.parametrize("doc, block", SNIPPET_BLOCKS, ids=lambda x: x if x in DOCUMENTS else None)
+def test_each_documented_snippet_runs(doc, block, tmp_path):
+    """The block as bash runs it from the repository root, /tmp/ex (the exercises' folder) in a fresh folder."""
+    script = block.replace("/tmp/ex", str(tmp_path / "ex"))
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    assert res.returncode == 0, f"a block of {doc} failed:\n{block[:800]}\n{res.stderr[-2000:]}"
