@@ -14,7 +14,7 @@ def _check(capsys):
 
 
 def test_the_reward_check_names_what_is_missing_or_wrong(monkeypatch, capsys):
-    monkeypatch.delattr(rewards, "soft_agreement", raising=False)
+    monkeypatch.delattr(rewards, "soft_agreement", raising=False)               # as before the exercise
     assert _check(capsys) == ("rewards.py has no function soft_agreement(answers, labels, voters) yet: write it "
                               "beside agreement", False)
     monkeypatch.setattr(rewards, "soft_agreement", rewards.agreement, raising=False)     # 0/1, not a share
@@ -30,6 +30,7 @@ def test_the_reward_check_passes_what_its_cases_expect_and_then_asks_for_the_row
     def looked_up(answers, labels, voters):
         return expected[repr((answers, voters))]
     monkeypatch.setattr(rewards, "soft_agreement", looked_up, raising=False)
+    monkeypatch.delitem(rewards.METHODS, "coreward1_soft", raising=False)      # as before the exercise's row
     assert _check(capsys) == ("soft_agreement is right; now add the method coreward1_soft as one row of "
                               "rewards.METHOD_TABLE", False)
     row = lambda labels: rewards.Method("coreward1_soft", labels, "both", None, "start", None, looked_up)
