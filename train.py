@@ -11,12 +11,12 @@ One step (`training_step`):
    as the official scripts do, and `--views both` gives it the twins as two independent questions;
 2. sample G responses to each question (and view) with the rollout engine (rollout.py);
 3. label each group and reward each response (rewards.py, where a method is one row of
-   METHOD_TABLE: who votes, what the teacher answers, the KL anchor, the reward); for coreward1 the majority answer
-   over the q' responses labels the q responses and vice versa; for coreward2 the EMA teacher
-   (teacher.py) samples G responses per question too and its majority is the label; for
-   coreward3 the teacher answers the rephrasings instead (`--teacher_prompts rephrased`); the
-   answer-free baselines (self_certainty, entropy) score responses by the policy's token
-   distributions instead;
+   METHOD_TABLE: who votes, what the teacher answers, the KL anchor, the reward); for coreward1
+   the majority answer over the q' responses labels the q responses and vice versa; for coreward2
+   the EMA teacher (teacher.py) samples G responses per question too and its majority is the
+   label; for coreward3 the teacher answers the rephrasings instead (`--teacher_prompts
+   rephrased`); the answer-free baselines (self_certainty, entropy) score responses by the
+   policy's token distributions instead;
 4. normalise the rewards within each group into advantages, and take the clipped-GRPO update(s)
    with a k3 KL penalty to the frozen start model, or to the teacher for the teacher methods
    (grpo.py); a two-view method's loss is J(q) + J(q'), one token mean per view;
