@@ -1,9 +1,19 @@
+import fcntl
 import os
+import shutil
 import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The cores shared out among xdist's workers: each worker, and every process it starts, computes on its share
+# (OMP_NUM_THREADS, set before torch is imported; torch, train.py and vLLM's CPU worker read it). Two workers of
+# two OpenMP threads each on 2 cores wait on each other's spinning threads: twice the time for the same work
+# (bench/README.md, "The test suite on 2 cores").
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, len(os.sched_getaffinity(0)) // WORKERS)
+if WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
 # The loop's modules, then the tools' folders, so that a test imports a tool as the tool's script imports its
 # neighbours (study.py imports plot). `import study` is study/study.py: a module wins over a folder without
 # __init__.py.
@@ -18,10 +28,12 @@ QUICK_FILES = ("test_grpo.py", "test_rewards.py", "test_teacher.py", "test_logpr
 
 
 def pytest_collection_modifyitems(config, items):
-    """Marks the quick tier (QUICK_FILES). Tests marked `vllm` start vLLM's engine or check what it samples: where
-    vLLM is not installed (macOS; or tests/without_vllm on PYTHONPATH) they are skipped, with the reason. Every
-    other test runs either way."""
+    """Puts the tests marked `first` first: the suite's longest, so that xdist's other worker runs the rest beside
+    them instead of waiting on one at the end. Marks the quick tier (QUICK_FILES). Tests marked `vllm` start vLLM's
+    engine or check what it samples: where vLLM is not installed (macOS; or tests/without_vllm on PYTHONPATH) they
+    are skipped, with the reason. Every other test runs either way."""
     from config import VLLM_PLATFORMS, vllm_installed
+    items.sort(key=lambda item: item.get_closest_marker("first") is None)      # stable: the rest keep their order
     for item in items:
         if item.path.name in QUICK_FILES and not (item.get_closest_marker("vllm") or item.get_closest_marker("full")):
             item.add_marker(pytest.mark.quick)
@@ -32,6 +44,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("vllm"):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared_folder(tmp_path_factory):
+    """shared_folder(name, make) -> a folder `make(folder)` fills once per test session, for what several tests read
+    and none changes (a whole run): under xdist the first worker to ask makes it while the others wait on its lock,
+    then every worker reads the same folder. A make that fails leaves nothing, and the next test to ask tries again."""
+    root = tmp_path_factory.getbasetemp()
+    root = (root.parent if WORKERS > 1 else root) / "shared"       # pytest-N/shared: above each worker's popen-gwK/
+    root.mkdir(exist_ok=True)
+
+    def get(name, make):
+        folder = root / name
+        with open(f"{folder}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(f"{folder}.done"):
+                shutil.rmtree(folder, ignore_errors=True)
+                make(folder)
+                open(f"{folder}.done", "w").close()
+        return folder
+    return get
 
 
 @pytest.fixture

@@ -53,11 +53,13 @@ def default_run(out, *flags):
     return (out / "run.log").read_text().replace(str(out), os.path.join("runs", "coreward1")).splitlines()
 
 
+@pytest.mark.first
 @pytest.mark.vllm
 def test_the_readme_shows_what_the_default_run_prints(tmp_path):
     assert masked(default_run(tmp_path / "coreward1")) == masked(readme_blocks()[0])
 
 
+@pytest.mark.first
 @pytest.mark.skipif(vllm_installed(), reason="the default run where vLLM is not installed; .ci/run's second pass "
                                              "runs it (PYTHONPATH=tests/without_vllm)")
 def test_the_readme_shows_the_evaluations_of_the_default_run_on_transformers(tmp_path):

@@ -10,6 +10,7 @@ sample step 3 again exactly as before. On this CPU the resumed records and weigh
 equal to the uninterrupted run's; the tests allow 1e-6.
 """
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import checkpoint
 import config
 import run
 import train
-from conftest import ROOT
+from conftest import ROOT, THREADS
 
 STEPS, KILL_AFTER = 4, 3
 FLAGS = ["--steps", str(STEPS), "--questions_per_step", "8", "--group_size", "4", "--eval_limit", "16",
@@ -43,14 +44,15 @@ def _free_port():
 
 def start(out, ranks, *flags, env=None, program=None):
     """A train.py run (or `program`: a script and its arguments, which runs train.py) in a new session; its output
-    goes to OUT.log. Several ranks are started by train.py itself (--ranks)."""
+    goes to OUT.log, as a user's console shows it (VLLM_LOGGING_LEVEL unset). Several ranks are started by train.py
+    itself (--ranks), each on its share of this worker's cores."""
     os.makedirs(out, exist_ok=True)
     log = open(f"{out}.log", "a")
     ranks_flag = ["--ranks", str(ranks)] if ranks > 1 else []
     program = program or [os.path.join(ROOT, "train.py")]
     return subprocess.Popen([sys.executable, *program, "--out", str(out), *flags, *ranks_flag], cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": str(2 // ranks), **(env or {})})
+                            env={**{k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}, "OMP_NUM_THREADS": str(max(1, THREADS // ranks)), **(env or {})})
 
 
 def finish(proc, out, timeout=600):
@@ -138,18 +140,16 @@ def assert_same_run(resumed, uninterrupted):
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """Each (method, ranks) run of STEPS steps, made once."""
-    runs = {}
+def uninterrupted_run(shared_folder, method, ranks):
+    """The (method, ranks) run of STEPS steps, never interrupted: made once in a test session and read by the tests
+    of several workers (conftest.shared_folder). Its console is the folder's .log."""
+    make = lambda out: finish(start(out, ranks, "--method", method, *FLAGS), out)
+    return str(shared_folder(f"whole-{method}-{ranks}", make))
 
-    def get(method, ranks):
-        if (method, ranks) not in runs:
-            out = tmp_path_factory.mktemp("whole") / f"{method}-{ranks}"
-            finish(start(out, ranks, "--method", method, *FLAGS), out)
-            runs[method, ranks] = str(out)
-        return runs[method, ranks]
-    return get
+
+@pytest.fixture
+def uninterrupted(shared_folder):
+    return functools.partial(uninterrupted_run, shared_folder)
 
 
 @pytest.mark.parametrize("method, ranks", [("coreward1", 1), ("coreward1", 2), ("coreward2", 1)])
@@ -417,11 +417,11 @@ def test_metrics_lines_stay_whole_when_one_was_cut_before_its_newline(tmp_path):
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
 
 
-def test_a_checkpoint_that_cannot_be_loaded_stops_the_resume_naming_the_one_before(tmp_path):
+def test_a_checkpoint_that_cannot_be_loaded_stops_the_resume_naming_the_one_before(tmp_path, uninterrupted):
     """A torn weights file in the newest checkpoint: the resume says which one failed and names the
     previous checkpoint, instead of falling back to it silently."""
     out = tmp_path / "run"
-    finish(start(out, 1, "--method", "gt", *FLAGS[:-2], "--save_every", "1", "--keep_last", "0"), out)
+    shutil.copytree(uninterrupted("coreward1", 1), out)               # its checkpoints: step_2 and step_4
     for name in os.listdir(out / "checkpoints" / "step_4" / "weights"):
         if name.endswith(".distcp"):
             (out / "checkpoints" / "step_4" / "weights" / name).write_bytes(b"torn")
@@ -433,7 +433,7 @@ def test_a_checkpoint_that_cannot_be_loaded_stops_the_resume_naming_the_one_befo
     [line] = [x for x in log.splitlines() if "cannot be loaded" in x]
     assert line.startswith(f"train.py: error: --resume: the checkpoint {out / 'checkpoints' / 'step_4'} cannot be "
                            f"loaded (") and len(line) < 800
-    assert f"the previous one is {out / 'checkpoints' / 'step_3'}: resume from it with --resume" in line
+    assert f"the previous one is {out / 'checkpoints' / 'step_2'}: resume from it with --resume" in line
 
 
 def test_a_checkpoint_is_on_disk_before_its_rename_publishes_it(dist_world, tmp_path, monkeypatch):

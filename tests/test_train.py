@@ -410,14 +410,11 @@ def test_wandb_logs_what_metrics_jsonl_holds_and_a_resumed_run_continues_its_run
 
 
 @pytest.mark.vllm
-def test_a_default_run_prints_no_vllm_info_lines(tmp_path):
-    """vLLM's INFO lines (one set per weight load) are off unless VLLM_LOGGING_LEVEL says otherwise."""
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
-    res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--method", "coreward1", "--out",
-                          str(tmp_path / "run"), *SHORT], cwd=ROOT, capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    output = res.stdout + res.stderr
+def test_a_default_run_prints_no_vllm_info_lines(shared_folder):
+    """vLLM's INFO lines (one set per weight load) are off unless VLLM_LOGGING_LEVEL says otherwise: the console of a
+    4-step run, started without it (test_resume's uninterrupted run, shared with its tests)."""
+    from test_resume import uninterrupted_run
+    output = open(uninterrupted_run(shared_folder, "coreward1", 1) + ".log").read()
     assert "eval @ step 2" in output
     assert not [line for line in output.splitlines() if " INFO " in line]
     assert "Failed to load weights" not in output
