@@ -18,6 +18,7 @@ before any compute (`check_settings`).
 import argparse
 import os
 import sys
+import time
 
 import checkpoint
 from rewards import METHODS
@@ -55,13 +56,20 @@ class OutOfDisk(UsageError):
 
 
 def exit_on_usage_error(main, program):
-    """Run main(); a UsageError becomes one line on stderr, from the first rank only, and status 2."""
+    """Run main(); a UsageError becomes one line on stderr, from the first rank only, and status 2. The other ranks
+    wait (at most USAGE_ERROR_WAIT_S) for the launcher to stop them: torchrun's agent stops every worker at the
+    first one's exit, and a rank that exited before rank 0 had printed would cut its line off."""
     try:
         return main()
     except UsageError as e:
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"{program}: error: {e}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(USAGE_ERROR_WAIT_S)
         sys.exit(2)
+
+
+USAGE_ERROR_WAIT_S = 10
 
 
 # Every setting's value in each preset, one row a setting. None: not set (--steps: from --epochs; --epochs: from
