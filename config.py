@@ -55,6 +55,9 @@ class OutOfDisk(UsageError):
     (ENOSPC). The message names the disk, what the save needs and the newest complete checkpoint, which is kept."""
 
 
+USAGE_ERROR_WAIT_S = 10       # how long a rank other than 0 waits, after a usage error, for its launcher to stop it
+
+
 def exit_on_usage_error(main, program):
     """Run main(); a UsageError becomes one line on stderr, from the first rank only, and status 2. The other ranks
     wait (at most USAGE_ERROR_WAIT_S) for the launcher to stop them: torchrun's agent stops every worker at the
@@ -67,9 +70,6 @@ def exit_on_usage_error(main, program):
         else:
             time.sleep(USAGE_ERROR_WAIT_S)
         sys.exit(2)
-
-
-USAGE_ERROR_WAIT_S = 10
 
 
 # Every setting's value in each preset, one row a setting. None: not set (--steps: from --epochs; --epochs: from

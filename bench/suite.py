@@ -32,7 +32,7 @@ def rewards(out):
 
 
 def timed(work, runs, threads):
-    """Seconds until `runs` runs started together at `threads` threads each have finished, and their rewards."""
+    """Seconds until `runs` runs started together at `threads` threads each have finished; their rewards must agree."""
     outs = [os.path.join(work, f"run{i}") for i in range(runs)]
     for out in outs:
         shutil.rmtree(out, ignore_errors=True)

@@ -52,7 +52,8 @@ def start(out, ranks, *flags, env=None, program=None):
     program = program or [os.path.join(ROOT, "train.py")]
     return subprocess.Popen([sys.executable, *program, "--out", str(out), *flags, *ranks_flag], cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**{k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}, "OMP_NUM_THREADS": str(max(1, THREADS // ranks)), **(env or {})})
+                            env={**{k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"},
+                                 "OMP_NUM_THREADS": str(max(1, THREADS // ranks)), **(env or {})})
 
 
 def finish(proc, out, timeout=600):
