@@ -28,8 +28,9 @@ whose gold answer is empty is kept with `answer=None`, and counted on load; the 
 have three (openrs row 4303, math rows 5341 and 5343), the label-free methods never read it,
 and `gt` and the metrics count such a group as unlabeled (no reward, not correct).
 
-Prompts: with the model's chat template when it has one, as [system, user] messages with the
-paper's system prompt; otherwise plain text (system prompt, blank line, question).
+Prompts (`PROMPTS`, `--prompt`): with the model's chat template when it has one, as [system, user]
+messages, by default the paper's system prompt and the question; otherwise plain text (system
+prompt, blank line, question). The classroom's own tokenizer gets the classroom's format.
 """
 import json
 import math
@@ -317,16 +318,47 @@ def benchmark_row(record, field, gsm8k, where):
 # ------------------------------------------------------------------------- prompts
 
 
-def prompt_encoder(tokenizer, classroom):
-    """question -> prompt token ids."""
-    if classroom:
-        import world
+@dataclass(frozen=True)
+class Prompt:
+    """How a question is asked: a system message (None: the chat template's own default) and the user message,
+    in which {question} stands for the question."""
+    system: str | None
+    user: str = "{question}"
+
+    def messages(self, question):
+        system = [] if self.system is None else [{"role": "system", "content": self.system}]
+        return system + [{"role": "user", "content": self.user.replace("{question}", question)}]
+
+
+# --prompt: `official` is the paper's (its system prompt, the question as the user's message); the others say more
+# plainly what to write, for small models that do not follow a system prompt (RUNNING.md, a real model on a CPU).
+PROMPTS = {
+    "official": Prompt(SYSTEM_PROMPT),
+    "user": Prompt(None, "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."),
+    "oneshot": Prompt(SYSTEM_PROMPT, "Example: Ann has 2 bags with 5 pens in each. How many pens does Ann have?\n"
+                                     "Answer: 2 * 5 = 10. The answer is \\boxed{10}.\n\n"
+                                     "Now answer this question in the same way: {question}"),
+}
+
+
+def prompt_encoder(tokenizer, classroom, prompt="official"):
+    """question -> prompt token ids. A model with a chat template gets the PROMPTS[prompt] messages through it;
+    a model without one, plain text (the system message, a blank line, the user's). The classroom's questions
+    (`classroom`) are asked of the classroom's own tokenizer, which has no chat template, in the classroom's
+    format (world.format_prompt; it has no words for the instructions); a chat model gets them in plain English
+    (world.plain_english)."""
+    import world
+    if prompt not in PROMPTS:
+        raise InputError(f"unknown prompt {prompt!r}; choose from {', '.join(PROMPTS)}")
+    asked = PROMPTS[prompt]
+    if classroom and not tokenizer.chat_template:
         return lambda q: tokenizer(world.format_prompt(q), add_special_tokens=False)["input_ids"]
+    english = world.plain_english if classroom else (lambda q: q)
     if tokenizer.chat_template:
-        return lambda q: tokenizer.apply_chat_template(
-            [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}],
-            add_generation_prompt=True, tokenize=True, return_dict=False)
-    return lambda q: tokenizer(f"{SYSTEM_PROMPT}\n\n{q}\n", add_special_tokens=False)["input_ids"]
+        return lambda q: tokenizer.apply_chat_template(asked.messages(english(q)), add_generation_prompt=True,
+                                                       tokenize=True, return_dict=False)
+    return lambda q: tokenizer("\n\n".join(m["content"] for m in asked.messages(q)) + "\n",
+                               add_special_tokens=False)["input_ids"]
 
 
 def drop_long(items, prompts_of, max_prompt_len, what):

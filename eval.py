@@ -5,6 +5,8 @@
     avg@k    k responses at the sampling temperature; the fraction that is right, averaged over
              questions: an estimate of pass@1 at that temperature, from k samples instead of one
     maj@k    the majority answer of those k responses is right
+    boxed    the share of all 1 + k responses with a final answer (a \\boxed{}): whether the model
+             writes the format the rewards read at all
 
 The paper's metrics (Appendix C.3, Table 5): MATH500 and GSM8K as pass@1 (lighteval), AMC as
 avg@8 (ttrl), all at temperature 0.8. `--paper` measures them: those three benchmarks, k = 8,
@@ -38,6 +40,7 @@ import tempfile
 import time
 
 import config
+import data
 from answers import extract_answer, is_equiv, majority_vote
 
 # The settings of a run's own evaluation: the classroom preset's on the classroom, the official's elsewhere, so that
@@ -53,7 +56,7 @@ PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55),
 
 def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM["max_response_len"], seed=0,
                 indices=None, keep=0):
-    """(sums, examples) over this share of the questions. sums: {"n", "greedy", "avg", "maj"}.
+    """(sums, examples) over this share of the questions. sums: {"n", "greedy", "avg", "maj", "boxed"}.
     examples: the first `keep` questions' greedy response and first sample, each with its extracted
     answer, the gold answer and its 0/1 reward (train.py writes them to samples.jsonl). `indices` are the
     questions' places in the benchmark (default 0, 1, ...): question i samples with the seed
@@ -66,10 +69,12 @@ def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASS
     greedy = engine.generate(prompt_ids, n=1, temperature=0.0, max_tokens=max_tokens)
     sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens, seeds=seeds) if k else \
         [[] for _ in prompt_ids]                  # k = 0: greedy only, as the official scripts validate
-    sums, examples = {"n": len(gold), "greedy": 0.0, "avg": 0.0, "maj": 0.0}, []
+    sums, examples = {"n": len(gold), "greedy": 0.0, "avg": 0.0, "maj": 0.0, "boxed": 0.0}, []
     for place, (i, g, group, answer) in enumerate(zip(indices, greedy, sampled, gold)):
         answers = [extract_answer(s.text) for s in group]
-        sums["greedy"] += is_equiv(extract_answer(g[0].text), answer)
+        first = extract_answer(g[0].text)
+        sums["greedy"] += is_equiv(first, answer)
+        sums["boxed"] += sum(a is not None for a in [first] + answers)
         sums["avg"] += sum(is_equiv(a, answer) for a in answers) / max(k, 1)
         sums["maj"] += bool(answers) and is_equiv(majority_vote(answers), answer)
         if place < keep:
@@ -81,17 +86,18 @@ def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASS
 
 
 def accuracies(sums, k):
-    """Fractions of the sums; avg@k and maj@k are None when nothing was sampled (k = 0)."""
+    """Fractions of the sums; avg@k and maj@k are None when nothing was sampled (k = 0). boxed is over all
+    n * (1 + k) responses."""
     n, sampled = max(sums["n"], 1), k > 0
     return {"greedy": sums["greedy"] / n, "avg": sums["avg"] / n if sampled else None,
-            "maj": sums["maj"] / n if sampled else None}
+            "maj": sums["maj"] / n if sampled else None, "boxed": sums["boxed"] / (n * (1 + k))}
 
 
-def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None):
+def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None, prompt="official"):
     """Prompt ids and gold answers of a benchmark ('classroom' or one of data.BENCHMARKS) in the
-    training prompt format; with max_prompt_len, longer prompts are dropped and counted."""
-    import data
-    encode = data.prompt_encoder(tokenizer, classroom=name == "classroom")
+    training prompt format (data.PROMPTS[prompt]); with max_prompt_len, longer prompts are dropped
+    and counted."""
+    encode = data.prompt_encoder(tokenizer, name == "classroom", prompt)
     if name == "classroom":
         pairs = data.classroom_pairs("test")[:limit]
         prompts, gold = [encode(p.original) for p in pairs], [p.answer for p in pairs]
@@ -106,10 +112,10 @@ def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None):
 
 
 def markdown_table(results, k):
-    lines = [f"| benchmark | n | greedy | avg@{k} | maj@{k} |", "|---|---|---|---|---|"]
+    lines = [f"| benchmark | n | greedy | avg@{k} | maj@{k} | boxed |", "|---|---|---|---|---|---|"]
     shown = lambda value: "–" if value is None else f"{value:.3f}"         # avg@k and maj@k at k = 0
-    lines += [f"| {name} | {r['n']} | {shown(r['greedy'])} | {shown(r['avg'])} | {shown(r['maj'])} |"
-              for name, r in results.items()]
+    lines += [f"| {name} | {r['n']} | {shown(r['greedy'])} | {shown(r['avg'])} | {shown(r['maj'])} | "
+              f"{shown(r['boxed'])} |" for name, r in results.items()]
     return "\n".join(lines)
 
 
@@ -145,6 +151,8 @@ def parse_args(argv=None):
                     help=f"default: {CLASSROOM['max_response_len']} on the classroom, else "
                          f"{OFFICIAL['max_response_len']} (the presets' --max_response_len)")
     ap.add_argument("--limit", type=int, default=None, help="the first N questions of each benchmark")
+    ap.add_argument("--prompt", choices=list(data.PROMPTS), default="official",
+                    help="how a question is asked (data.PROMPTS; the classroom's own tokenizer has its format)")
     ap.add_argument("--out", default=None,
                     help="folder for results.md and results.json "
                          "(default: runs/eval/ + the model's path + a hash of it)")
@@ -208,7 +216,7 @@ def evaluate_model(model_dir, args):
     from rollout import make_engine
     model_dir = run.model_folder_for_all_ranks(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    sets = {name: benchmark_prompts(tokenizer, name, args.limit) for name in args.benchmarks}
+    sets = {name: benchmark_prompts(tokenizer, name, args.limit, prompt=args.prompt) for name in args.benchmarks}
     longest = max(len(p) for prompts, _ in sets.values() for p in prompts)
     engine = make_engine(args.backend, model_dir, max_prompt_len=longest, max_response_len=args.max_tokens,
                          dtype=args.dtype, gpu_memory_utilization=args.gpu_memory_utilization)

@@ -276,7 +276,8 @@ def evaluate(step, engine, eval_set, args, device, log, rank, tokenizer):
                                  args.seed, indices, keep=args.eval_samples if rank == 0 else 0)
     run.write_samples(args.out, step, examples, tokenizer)
     acc = accuracies(all_sum(sums, device), args.eval_k)
-    log.write({"step": step, "eval_acc": acc["avg"], "eval_greedy": acc["greedy"], "eval_maj": acc["maj"]})
+    log.write({"step": step, "eval_acc": acc["avg"], "eval_greedy": acc["greedy"], "eval_maj": acc["maj"],
+               "eval_boxed": acc["boxed"]})
     if rank == 0:
         shown = f"avg@{args.eval_k} {acc['avg']:.3f}  greedy {acc['greedy']:.3f}  maj@{args.eval_k} {acc['maj']:.3f}" \
             if args.eval_k else f"greedy {acc['greedy']:.3f}"              # --eval_k 0: greedy only

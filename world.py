@@ -31,6 +31,7 @@ paper's system prompt is left out here because this tokenizer has no words for i
 import argparse
 import os
 import random
+import re
 from dataclasses import dataclass
 
 import torch
@@ -179,6 +180,12 @@ def make_split(split, seed=0):
 
 def format_prompt(question):
     return PROMPT_FORMAT.format(question=question)
+
+
+def plain_english(text):
+    """A question as a person writes it, for a real model's tokenizer: the world's texts set every
+    punctuation mark apart by a space (`in each . How many ?`), its own tokenizer's words."""
+    return re.sub(r" ([.,?])", r"\1", text)
 
 
 # --------------------------------------------------------------------------------------------

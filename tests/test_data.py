@@ -192,9 +192,34 @@ class PlainTokenizer:
         return {"input_ids": [ord(c) for c in text]}
 
 
+class ChatTokenizer(PlainTokenizer):
+    """A tokenizer with a chat template: the messages as `role: content` lines, one id per character."""
+    chat_template = "role: content"
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
+        assert add_generation_prompt and tokenize and not return_dict
+        return [ord(c) for c in "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"]
+
+
 def test_prompts_without_a_chat_template_are_plain_text():
     encode = data.prompt_encoder(PlainTokenizer(), classroom=False)
     assert "".join(map(chr, encode("What is 2+3?"))) == data.SYSTEM_PROMPT + "\n\nWhat is 2+3?\n"
+    encode = data.prompt_encoder(PlainTokenizer(), classroom=False, prompt="user")
+    assert "".join(map(chr, encode("What is 2+3?"))) == \
+        "What is 2+3?\nPlease reason step by step, and put your final answer within \\boxed{}.\n"
+
+
+def test_a_chat_model_is_asked_the_classroom_questions_in_plain_english_and_the_classroom_model_in_its_format():
+    question = "Tom has 3 boxes with 4 pens in each . How many pens , in all ?"
+    def asked(tokenizer, prompt="official"):
+        return "".join(map(chr, data.prompt_encoder(tokenizer, True, prompt)(question)))
+    assert asked(ChatTokenizer()) == f"system: {data.SYSTEM_PROMPT}\n" \
+                                     "user: Tom has 3 boxes with 4 pens in each. How many pens, in all?\nassistant:"
+    assert asked(ChatTokenizer(), "user") == "user: Tom has 3 boxes with 4 pens in each. How many pens, in all?\n" \
+        "Please reason step by step, and put your final answer within \\boxed{}.\nassistant:"   # the template's system
+    assert asked(PlainTokenizer()) == asked(PlainTokenizer(), "oneshot") == f"Question: {question}\nAnswer:"
+    with pytest.raises(ValueError, match="unknown prompt 'polite'; choose from official, user, oneshot"):
+        data.prompt_encoder(ChatTokenizer(), False, "polite")
 
 
 # ------------------------------------------------------------------------ rephrasing

@@ -1,11 +1,12 @@
 """Every command the documents give, read out of them: README.md, RUNNING.md, EXERCISES.md, WALKTHROUGH.md and the
-READMEs of study/ and classroom/, in their bash blocks and their inline code. Each script a command names runs
-from the repository root, in a subprocess, with --help (the whole command is long: a run, a study), so that a
-script that cannot start (a lost import, a moved file) fails here; a train.py or eval.py command's flags are
-parsed and checked as the script would before it runs anything, so that a flag the script does not know, or a
-setting it refuses, fails here too. A block that feeds Python a snippet (`python - <<'EOF'`) runs whole.
-A new command is covered when it is written."""
+READMEs of classroom/ and of every folder of study/, in their bash blocks and their inline code. Each script a
+command names runs from the repository root, in a subprocess, with --help (the whole command is long: a run, a
+study), so that a script that cannot start (a lost import, a moved file) fails here; a train.py or eval.py command's
+flags are parsed and checked as the script would before it runs anything, so that a flag the script does not know, or
+a setting it refuses, fails here too. A block that feeds Python a snippet (`python - <<'EOF'`) runs whole. A new
+command is covered when it is written."""
 import functools
+import glob
 import os
 import re
 import shlex
@@ -17,7 +18,9 @@ import pytest
 import config
 from conftest import ROOT
 
-DOCUMENTS = ["README.md", "RUNNING.md", "EXERCISES.md", "WALKTHROUGH.md", "study/README.md", "classroom/README.md"]
+DOCUMENTS = ["README.md", "RUNNING.md", "EXERCISES.md", "WALKTHROUGH.md", "classroom/README.md"] + \
+    sorted(os.path.relpath(path, ROOT)
+           for path in glob.glob(os.path.join(ROOT, "study", "**", "README.md"), recursive=True))
 LAUNCHERS = ("python", "python3", "torchrun")
 # methods the exercises have the reader add to rewards.METHOD_TABLE, and the method whose settings each has
 EXERCISE_METHODS = {"coreward1_soft": "coreward1"}

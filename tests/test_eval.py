@@ -1,4 +1,4 @@
-"""Evaluation: greedy, avg@k and maj@k against hand-computed values, and the command's outputs."""
+"""Evaluation: greedy, avg@k, maj@k and the boxed share against hand-computed values, and the command's outputs."""
 import json
 import os
 
@@ -44,16 +44,16 @@ SAMPLED = [
     ["\\boxed{5}", "\\boxed{5.0}", "\\boxed{3}", "I give up"],          # 2/4 right; majority 5: right
     ["\\boxed{\\frac12}", "\\boxed{2}", "\\boxed{2}", "\\boxed{3}"],    # 1/4 right; majority 2: wrong
     ["\\boxed{8}", "\\boxed{7}", "\\boxed{8}", "no box"],               # 1/4 right; majority 8: wrong
-]
+]                                    # with the greedy ones, 13 of the 15 responses have a boxed answer
 
 
 def test_counts_greedy_avg_and_maj_by_hand():
     engine = FakeEngine(GREEDY, SAMPLED)
     sums, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, temperature=0.8, max_tokens=100)
-    assert sums == {"n": 3, "greedy": 2, "avg": pytest.approx(0.5 + 0.25 + 0.25), "maj": 1}
+    assert sums == {"n": 3, "greedy": 2, "avg": pytest.approx(0.5 + 0.25 + 0.25), "maj": 1, "boxed": 13}
     assert engine.calls == [(1, 0.0, 100), (4, 0.8, 100)]
     acc = evaluation.accuracies(sums, k=4)
-    assert acc == pytest.approx({"greedy": 2 / 3, "avg": 1 / 3, "maj": 1 / 3})
+    assert acc == pytest.approx({"greedy": 2 / 3, "avg": 1 / 3, "maj": 1 / 3, "boxed": 13 / 15})
 
 
 def test_k_0_is_greedy_only_as_the_official_validation():
@@ -61,9 +61,10 @@ def test_k_0_is_greedy_only_as_the_official_validation():
     engine = FakeEngine(GREEDY, SAMPLED)
     sums, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=0, temperature=0.8, max_tokens=100)
     assert engine.calls == [(1, 0.0, 100)]
-    assert evaluation.accuracies(sums, k=0) == {"greedy": pytest.approx(2 / 3), "avg": None, "maj": None}
+    assert evaluation.accuracies(sums, k=0) == {"greedy": pytest.approx(2 / 3), "avg": None, "maj": None,
+                                                "boxed": 1.0}
     table = evaluation.markdown_table({"math500": {"n": 3, **evaluation.accuracies(sums, k=0)}}, k=0)
-    assert table.splitlines()[-1] == "| math500 | 3 | 0.667 | – | – |"
+    assert table.splitlines()[-1] == "| math500 | 3 | 0.667 | – | – | 1.000 |"
     import config
     assert config.PRESETS["official"]["eval_k"] == 0
 
@@ -76,9 +77,10 @@ def test_sums_of_shares_add_up_to_the_whole():
 
 
 def test_markdown_table():
-    table = evaluation.markdown_table({"amc23": {"n": 40, "greedy": 0.125, "avg": 0.1, "maj": 0.15}}, k=8)
-    assert table.splitlines() == ["| benchmark | n | greedy | avg@8 | maj@8 |", "|---|---|---|---|---|",
-                                  "| amc23 | 40 | 0.125 | 0.100 | 0.150 |"]
+    table = evaluation.markdown_table({"amc23": {"n": 40, "greedy": 0.125, "avg": 0.1, "maj": 0.15, "boxed": 0.9}},
+                                      k=8)
+    assert table.splitlines() == ["| benchmark | n | greedy | avg@8 | maj@8 | boxed |", "|---|---|---|---|---|---|",
+                                  "| amc23 | 40 | 0.125 | 0.100 | 0.150 | 0.900 |"]
 
 
 def test_defaults_follow_the_benchmarks():
@@ -143,7 +145,7 @@ def test_two_models_never_share_a_default_folder(tmp_path, monkeypatch):
     open(os.path.join(a, "results.json"), "w").write("{}")
     evaluated = []
     monkeypatch.setattr(evaluation, "evaluate_model", lambda model_dir, args: evaluated.append(model_dir) or
-                        {"classroom": {"n": 1, "greedy": 1.0, "avg": 1.0, "maj": 1.0}})
+                        {"classroom": {"n": 1, "greedy": 1.0, "avg": 1.0, "maj": 1.0, "boxed": 1.0}})
     with pytest.raises(FileExistsError, match="already holds results .*pass --overwrite"):
         evaluation.main(["--model", "runs/a/final"])
     assert open(os.path.join(a, "results.json")).read() == "{}" and not evaluated

@@ -33,7 +33,7 @@ STEPS, KILL_AFTER = 4, 3
 FLAGS = ["--steps", str(STEPS), "--questions_per_step", "8", "--group_size", "4", "--eval_limit", "16",
          "--eval_every", "2", "--save_every", "2"]
 SAMPLED = ("responses", "reward", "rollout_acc", "label_acc", "no_answer", "response_len",
-           "eval_acc", "eval_greedy", "eval_maj")          # what a step's samples alone decide
+           "eval_acc", "eval_greedy", "eval_maj", "eval_boxed")          # what a step's samples alone decide
 
 
 def _free_port():

@@ -217,8 +217,8 @@ def test_training_evaluation_equals_eval_py(short_run, tmp_path):
         out = str(tmp_path / str(i))
         results = evaluation.main(["--model", model, "--limit", str(EVAL_LIMIT), "--out", out])["classroom"]
         assert results["n"] == EVAL_LIMIT
-        assert (results["greedy"], results["avg"], results["maj"]) == \
-            pytest.approx((last["eval_greedy"], last["eval_acc"], last["eval_maj"]), abs=1e-12)
+        assert (results["greedy"], results["avg"], results["maj"], results["boxed"]) == \
+            pytest.approx((last["eval_greedy"], last["eval_acc"], last["eval_maj"], last["eval_boxed"]), abs=1e-12)
     assert checkpoint.latest(run.out).endswith(f"step_{STEPS}")
 
 
