@@ -1,11 +1,18 @@
-"""The format warm-up of a real chat model (tools/format_warmup.py) and the baseline's lenient grade
-(study/baseline.py): what each example teaches, and on which questions."""
+"""The format warm-up of a real chat model (tools/format_warmup.py) and the baseline of a model before RL
+(study/baseline.py): what each warm-up example teaches, and on which questions; the baseline's lenient grade; and
+its committed tables, written from their results."""
+import glob
+import json
+import os
 import random
+
+import pytest
 
 import data
 import world
 from answers import extract_answer
-from baseline import last_number
+from baseline import last_number, table
+from conftest import ROOT
 from format_warmup import solution_text, warmup_batch
 
 
@@ -51,3 +58,12 @@ def test_the_last_number_is_what_the_response_ends_on():
     assert last_number("It costs $1,250.50.") == "1250.50"
     assert last_number("The answer is -3") == "-3"
     assert last_number("no numbers here") is None
+
+
+BASELINES = sorted(glob.glob(os.path.join(ROOT, "study", "**", "baseline.json"), recursive=True))
+
+
+@pytest.mark.parametrize("path", BASELINES, ids=[os.path.relpath(p, ROOT) for p in BASELINES])
+def test_a_committed_baseline_table_is_its_results(path):
+    results = json.load(open(path))
+    assert open(path.replace(".json", ".md")).read() == table(results["rows"], results["k"]) + "\n"
