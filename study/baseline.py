@@ -22,6 +22,7 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)                                   # the loop's modules
 
+import config  # noqa: E402
 import data  # noqa: E402
 from answers import is_equiv  # noqa: E402
 from eval import accuracies, eval_counts  # noqa: E402
@@ -74,9 +75,10 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max_tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--backend", choices=config.BACKENDS, default="auto", help="the engine (train.py --backend)")
     args = ap.parse_args()
-    import config
+    if not os.path.isdir(args.model):
+        raise SystemExit(f"no model folder {args.model!r} (tools/smollm.py makes one)")
     from rollout import make_engine
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(args.model)

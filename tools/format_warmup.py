@@ -28,6 +28,7 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)                                   # the loop's modules
 
+import config  # noqa: E402
 import data  # noqa: E402
 import world  # noqa: E402
 from answers import extract_answer, is_equiv  # noqa: E402
@@ -83,9 +84,10 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0, help="the sampling temperature of the checks")
     ap.add_argument("--max_tokens", type=int, default=128, help="response tokens of the checks")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--backend", choices=config.BACKENDS, default="auto", help="the engine (train.py --backend)")
     args = ap.parse_args()
-    import config
+    if not os.path.isdir(args.model):
+        raise SystemExit(f"no model folder {args.model!r} (tools/smollm.py makes one)")
     from rollout import make_engine
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(args.model)
