@@ -248,10 +248,24 @@ def warmup_batch(tokenizer, problems, rng, batch):
         text, _ = worked_solution(shape, a, b, trap if sloppy else c)
         response = tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
         seqs.append(prompt + response); masks.append([0] * len(prompt) + [1] * len(response))
+    return padded(seqs, masks, tokenizer.pad_token_id)
+
+
+def padded(seqs, masks, pad_id):
+    """Token ids [B, T] and loss mask [B, T] of sequences of several lengths, right-padded to the longest."""
     width = max(map(len, seqs))
-    ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in seqs])
+    ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs])
     mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
     return ids, mask
+
+
+def response_loss(model, ids, mask, label_smoothing=0.0):
+    """The warm-up's loss: the negative log-likelihood of each next token, averaged over the tokens that
+    mask marks (the responses')."""
+    logits = model(ids).logits[:, :-1]                                   # [B, T-1, V]
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none",
+                                            label_smoothing=label_smoothing)
+    return (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
 
 
 def build_base_model(out_dir=BASE_DIR, steps=WARMUP["steps"], seed=WARMUP["seed"]):
@@ -266,10 +280,7 @@ def build_base_model(out_dir=BASE_DIR, steps=WARMUP["steps"], seed=WARMUP["seed"
     rng = random.Random(seed)
     for step in range(steps):
         ids, mask = warmup_batch(tokenizer, problems, rng, WARMUP["batch"])
-        logits = model(ids).logits[:, :-1]                                   # [B, T-1, V]
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none",
-                                                label_smoothing=WARMUP["label_smoothing"])
-        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        loss = response_loss(model, ids, mask, WARMUP["label_smoothing"])
         opt.zero_grad(); loss.backward(); opt.step(); sched.step()
         if step % 100 == 0 or step == steps - 1:
             print(f"warm-up step {step:4d}  loss {loss.item():.3f}", flush=True)

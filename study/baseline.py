@@ -31,9 +31,9 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def last_number(text):
-    """The last number written in a text (thousands commas dropped, a trailing `.0` kept), or None."""
+    """The last number written in a text (thousands commas dropped; a sentence's full stop is not its), or None."""
     found = _NUMBER.findall(text)
-    return found[-1].replace(",", "").rstrip(".") if found else None
+    return found[-1].replace(",", "") if found else None
 
 
 def question_sets(limit):
@@ -77,8 +77,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", choices=config.BACKENDS, default="auto", help="the engine (train.py --backend)")
     args = ap.parse_args()
-    if not os.path.isdir(args.model):
-        raise SystemExit(f"no model folder {args.model!r} (tools/smollm.py makes one)")
+    import run
+    args.model = run.model_folder_for_all_ranks(args.model)
     from rollout import make_engine
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -101,4 +101,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    config.exit_on_usage_error(main, "baseline.py")

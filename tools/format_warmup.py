@@ -49,11 +49,8 @@ def warmup_batch(problems, encode, tokenizer, rng, batch):
         response = tokenizer(solution_text(p, tokenizer), add_special_tokens=False)["input_ids"]
         seqs.append(prompt + response)
         masks.append([0] * len(prompt) + [1] * len(response))
-    width = max(map(len, seqs))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
-    mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
-    return ids, mask
+    return world.padded(seqs, masks, tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                        else tokenizer.eos_token_id)
 
 
 def check(engine, model, prompts, gold, args):
@@ -86,8 +83,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", choices=config.BACKENDS, default="auto", help="the engine (train.py --backend)")
     args = ap.parse_args()
-    if not os.path.isdir(args.model):
-        raise SystemExit(f"no model folder {args.model!r} (tools/smollm.py makes one)")
+    import run
+    args.model = run.model_folder_for_all_ranks(args.model)
     from rollout import make_engine
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -109,9 +106,7 @@ def main():
             if history[-1]["boxed"] >= args.target or step == args.max_steps:
                 break
         ids, mask = warmup_batch(problems, encode, tokenizer, rng, args.batch)
-        logits = model(ids).logits[:, :-1]                                   # [B, T-1, V]
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        loss = world.response_loss(model, ids, mask)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -129,4 +124,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    config.exit_on_usage_error(main, "format_warmup.py")
