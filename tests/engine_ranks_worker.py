@@ -4,7 +4,8 @@
 
 Every rank records where its engine's worker runs (vLLM's local rank and device) beside its own
 LOCAL_RANK, and the responses to the rank's own question (question `rank`); rank 0 writes every
-rank's record to OUT.json. test_rollout compares them with the rank's place, and with one rank.
+rank's record to OUT.json. test_rollout compares them with the rank's place, and with what one engine in its own
+process samples for both questions (`sample`).
 """
 import json
 import os
@@ -25,19 +26,28 @@ def placement(worker):
     return worker.local_rank, str(worker.device)
 
 
+def engine_for(model_dir):
+    return make_engine("vllm", model_dir, max_prompt_len=64, max_response_len=8)
+
+
+def sample(engine, model_dir, questions):
+    """The token ids of 2 responses to each of the test split's questions numbered in `questions`, each by the
+    seed a run draws it with: what any rank holding those questions samples."""
+    split = world.make_split("test")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    groups = engine.generate([tok(world.format_prompt(split[q].original))["input_ids"] for q in questions], n=2,
+                             temperature=1.0, max_tokens=8, seeds=[request_seed(0, "policy", 1, q) for q in questions])
+    return [[s.token_ids for s in g] for g in groups]
+
+
 if __name__ == "__main__":
     model_dir, out = sys.argv[1:]
     rank, world_size, _ = init_distributed()
-    engine = make_engine("vllm", model_dir, max_prompt_len=64, max_response_len=8)
+    engine = engine_for(model_dir)
     local_rank, device = engine.llm.collective_rpc(placement)[0]
-    questions = world.make_split("test")[:2]
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    mine = [tok(world.format_prompt(questions[q].original))["input_ids"] for q in range(2)
-            if q % world_size == rank]
-    groups = engine.generate(mine, n=2, temperature=1.0, max_tokens=8,
-                             seeds=[request_seed(0, "policy", 1, q) for q in range(2) if q % world_size == rank])
     record = {"rank": rank, "LOCAL_RANK": int(os.environ["LOCAL_RANK"]), "engine_local_rank": local_rank,
-              "engine_device": device, "responses": [[s.token_ids for s in g] for g in groups]}
+              "engine_device": device, "responses": sample(engine, model_dir, [q for q in range(2)
+                                                                               if q % world_size == rank])}
     records = [None] * world_size
     dist.all_gather_object(records, record)
     if rank == 0:

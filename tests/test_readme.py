@@ -1,8 +1,12 @@
-"""The README's list of methods is rewards.METHOD_TABLE, row for row. Its shown output is what the default run prints: `python train.py --method coreward1` on 60
-steps, its run.log (the console without the progress bar) compared line by line with the README's
-block, the seconds of each save masked and the run's folder named as the README names it; and, where
-vLLM is not installed, its evaluation lines on transformers' generate compared with the README's second
-block. About 3-4 minutes on 2 cores, each."""
+"""The README's list of methods is rewards.METHOD_TABLE, row for row. Its shown output is what the default run
+prints: `python train.py --method coreward1` on 60 steps, its run.log (the console without the progress bar) compared
+line by line with the README's block, the seconds of each save masked and the run's folder named as the README names
+it; and, where vLLM is not installed, its evaluation lines on transformers' generate compared with the README's
+second block. About 3-4 minutes on 2 cores, each.
+
+Every line is the README's exactly on any processor but the evaluations after step 0: another processor's kernels
+round some sums otherwise, and training carries that into other samples, so those figures are held to the README's
+within MARGIN (the start model's evaluation, at step 0, is exact)."""
 import os
 import re
 import subprocess
@@ -40,8 +44,31 @@ def readme_blocks():
     return [block.split("```", 1)[0].splitlines() for block in section.split("```text\n")[1:]]
 
 
+# How far an evaluation after step 0 may move on another processor: avg@8 is over 1,600 samples, greedy and maj@8
+# over 200 questions (0.04 is 8 of them). Two other processors than the README's moved avg@8 by up to 0.013 and
+# maj@8 by up to 0.025 (README.md says which).
+MARGIN = {"avg@8": 0.02, "greedy": 0.04, "maj@8": 0.04}
+EVAL = re.compile(r"^eval @ step (\d+): avg@8 (\S+)  greedy (\S+)  maj@8 (\S+)$")
+
+
 def masked(lines):
     return [re.sub(r"\(\d+\.\d s\)", "(T s)", line) for line in lines]
+
+
+def within_margin(printed, shown):
+    """`printed` with each evaluation after step 0 that is within MARGIN of `shown`'s line for its step replaced by
+    that line: equal to `shown` exactly when the run shows what the README shows, and otherwise the diff says where."""
+    readme = {m.group(1): (line, m.groups()[1:]) for line in shown if (m := EVAL.match(line))}
+    kept = []
+    for line in printed:
+        m = EVAL.match(line)
+        if m and m.group(1) != "0" and m.group(1) in readme:
+            theirs, figures = readme[m.group(1)]
+            if all(round(abs(float(a) - float(b)), 3) <= margin       # the figures are printed to 3 decimals
+                   for a, b, margin in zip(m.groups()[1:], figures, MARGIN.values())):
+                line = theirs
+        kept.append(line)
+    return kept
 
 
 def default_run(out, *flags):
@@ -56,7 +83,8 @@ def default_run(out, *flags):
 @pytest.mark.first
 @pytest.mark.vllm
 def test_the_readme_shows_what_the_default_run_prints(tmp_path):
-    assert masked(default_run(tmp_path / "coreward1")) == masked(readme_blocks()[0])
+    shown = masked(readme_blocks()[0])
+    assert within_margin(masked(default_run(tmp_path / "coreward1")), shown) == shown
 
 
 @pytest.mark.first
@@ -64,4 +92,18 @@ def test_the_readme_shows_what_the_default_run_prints(tmp_path):
                                              "runs it (PYTHONPATH=tests/without_vllm)")
 def test_the_readme_shows_the_evaluations_of_the_default_run_on_transformers(tmp_path):
     printed = default_run(tmp_path / "coreward1")               # --backend auto: transformers' generate
-    assert [line for line in printed if line.startswith("eval @")] == readme_blocks()[1]
+    shown = readme_blocks()[1]
+    assert within_margin([line for line in printed if line.startswith("eval @")], shown) == shown
+
+
+def test_the_margin_spares_only_the_later_evaluations_and_only_within_it():
+    shown = ["a line", "eval @ step 0: avg@8 0.189  greedy 0.345  maj@8 0.335",
+             "eval @ step 20: avg@8 0.248  greedy 0.430  maj@8 0.380"]
+    near = "eval @ step 20: avg@8 0.268  greedy 0.390  maj@8 0.420"         # each figure at its margin
+    assert within_margin(["a line", shown[1], near], shown) == shown
+    for printed in (["a line", "eval @ step 0: avg@8 0.190  greedy 0.345  maj@8 0.335", shown[2]],   # step 0: exact
+                    ["a line", shown[1], "eval @ step 20: avg@8 0.269  greedy 0.430  maj@8 0.380"],  # past avg@8's
+                    ["a line", shown[1], "eval @ step 20: avg@8 0.248  greedy 0.430  maj@8 0.425"],  # past maj@8's
+                    ["a line", shown[1], "eval @ step 40: avg@8 0.248  greedy 0.430  maj@8 0.380"],  # another step
+                    ["a line.", shown[1], shown[2]]):
+        assert within_margin(printed, shown) != shown

@@ -186,25 +186,15 @@ def test_a_question_gets_the_same_samples_at_one_and_two_ranks(uninterrupted):
     assert [x["step"] for x in two if "eval_acc" in x] == [0, 2, 4]
 
 
-def test_a_kill_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, uninterrupted):
-    out = str(tmp_path / "torn")
-    proc = start(out, 1, "--method", "coreward1", *FLAGS,
-                 program=[os.path.join(ROOT, "tests", "train_killed_in_save.py"), str(STEPS)])
-    assert proc.wait(timeout=600) == -signal.SIGKILL
-    names = sorted(os.listdir(os.path.join(out, "checkpoints")))
-    assert names == ["step_2", f"step_{STEPS}.partial"]       # the half-written save is left under its temporary name
-    assert checkpoint.latest(out).endswith("step_2")
-    finish(start(out, 1, "--resume"), out)
-    assert f"resumed from {out}/checkpoints/step_2" in open(f"{out}.log").read()
-    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_2", f"step_{STEPS}"]
-    assert_same_run(out, uninterrupted("coreward1", 1))
-
-
-def test_sigterm_saves_and_exits_cleanly_and_the_run_resumes(tmp_path, uninterrupted):
-    """A scheduler's preemption: the run finishes the step it is in, writes a checkpoint there
-    (between the --save_every ones) and exits 0; --resume then completes the same run."""
-    out = str(tmp_path / "preempted")
-    proc = start(out, 1, "--method", "coreward1", *FLAGS)
+def test_a_preempted_run_then_a_kill_during_a_save_each_resume_to_the_uninterrupted_run(tmp_path, uninterrupted):
+    """Two interruptions of one run, each resumed. A scheduler's preemption (SIGTERM): the run finishes the step it
+    is in, writes a checkpoint there (between the --save_every ones) and exits 0. Its resume is then killed (SIGKILL,
+    tests/train_killed_in_save.py) in the save of the last step, once every part is written and before it is
+    published: the half-written save is left under its temporary name, and --resume goes on from the newest
+    complete checkpoint. The run that comes out is the uninterrupted one."""
+    out = str(tmp_path / "interrupted")
+    killed_in_last_save = [os.path.join(ROOT, "tests", "train_killed_in_save.py"), str(STEPS)]
+    proc = start(out, 1, "--method", "coreward1", *FLAGS, program=killed_in_last_save)
     while 1 not in logged_steps(out):
         assert proc.poll() is None, open(f"{out}.log").read()[-4000:]
         time.sleep(0.05)
@@ -214,7 +204,18 @@ def test_sigterm_saves_and_exits_cleanly_and_the_run_resumes(tmp_path, uninterru
     stopped = max(logged_steps(out))
     assert stopped < STEPS and f"stopped after step {stopped} of {STEPS}" in log
     assert checkpoint.latest(out).endswith(f"step_{stopped}") and not os.path.exists(os.path.join(out, "final"))
+
+    proc = start(out, 1, "--resume", program=killed_in_last_save)
+    assert proc.wait(timeout=600) == -signal.SIGKILL
+    complete = sorted({f"step_{stopped}", "step_2"}, key=lambda name: int(name[5:]))     # --keep_last 2
+    names = sorted(os.listdir(os.path.join(out, "checkpoints")), key=lambda name: int(name[5:].split(".")[0]))
+    assert names == [*complete, f"step_{STEPS}.partial"]
+    assert checkpoint.latest(out).endswith(complete[-1])
+
     finish(start(out, 1, "--resume"), out)
+    assert f"resumed from {out}/checkpoints/{complete[-1]} (step {complete[-1][5:]} of {STEPS})" in \
+        open(f"{out}.log").read()
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == sorted([complete[-1], f"step_{STEPS}"])
     assert_same_run(out, uninterrupted("coreward1", 1))
 
 

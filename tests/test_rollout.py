@@ -155,28 +155,31 @@ def test_seeded_prompts_longer_than_one_scheduler_step(tiny_model_dir):
 
 
 @pytest.mark.vllm
-def test_each_rank_has_its_own_engine_on_its_own_device(tiny_model_dir, tmp_path):
+def test_each_rank_has_its_own_engine_on_its_own_device(dist_world, tiny_model_dir, tmp_path):
     """At 2 CPU ranks under torchrun, each rank's vLLM worker runs as that rank (its LOCAL_RANK:
     vLLM's default single-process executor gave every rank local rank 0, so on a GPU every engine
-    landed on GPU 0), and each rank samples its own question as one rank would."""
+    landed on GPU 0), and each rank samples its own question as one rank would: as this process's
+    engine, a rank of one, samples both questions."""
     import json
     import os
     import subprocess
     import sys
+
+    import engine_ranks_worker
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    records = {}
-    for n in (1, 2):
-        path = tmp_path / f"engines{n}.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master_port",
-               str(29640 + n), os.path.join(root, "tests", "engine_ranks_worker.py"), tiny_model_dir, str(path)]
-        res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert res.returncode == 0, res.stderr[-3000:]
-        records[n] = json.loads(path.read_text())
-    assert [(r["rank"], r["LOCAL_RANK"], r["engine_local_rank"], r["engine_device"]) for r in records[2]] == \
+    path = tmp_path / "engines.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", "29642",
+           os.path.join(root, "tests", "engine_ranks_worker.py"), tiny_model_dir, str(path)]
+    res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = json.loads(path.read_text())
+    assert [(r["rank"], r["LOCAL_RANK"], r["engine_local_rank"], r["engine_device"]) for r in records] == \
         [(0, 0, 0, "cpu"), (1, 1, 1, "cpu")]
-    one = records[1][0]["responses"]
-    assert [r["responses"][0] for r in records[2]] == one and one[0] != one[1]
+    engine = engine_ranks_worker.engine_for(tiny_model_dir)
+    one = engine_ranks_worker.sample(engine, tiny_model_dir, [0, 1])
+    engine.close()
+    assert [r["responses"][0] for r in records] == one and one[0] != one[1]
 
 
 @pytest.mark.vllm

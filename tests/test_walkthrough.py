@@ -86,6 +86,15 @@ def record(blocks):
     return dict(item.split(" ", 1) for item in items)
 
 
+GAP = re.compile(r"sampler_gap ([0-9.e+-]+)")
+
+
+def gap_masked(text):
+    """The text with each sampler_gap figure masked: the float rounding between vLLM's kernels and the trainer's,
+    whose digits change with the processor (4.3e-07 on one, 4.2e-07 on another); every other figure does not."""
+    return GAP.sub("sampler_gap (rounding)", text)
+
+
 @pytest.mark.vllm                         # the document shows vLLM's samples
 def test_the_document_shows_what_the_script_prints(walkthrough):
     printed, regenerated = walkthrough
@@ -93,10 +102,12 @@ def test_the_document_shows_what_the_script_prints(walkthrough):
         committed = f.read()
     shown = {m.group(2): m.group(3) for m in OUTPUT_BLOCK.finditer(committed)}
     assert list(shown) == list(printed)                 # every block, once, in the order of the step
-    stale = [name for name in printed if shown[name] != printed[name]]
+    stale = [name for name in printed if gap_masked(shown[name]) != gap_masked(printed[name])]
     assert not stale, (f"WALKTHROUGH.md's blocks {stale} are not what classroom/walkthrough.py prints; regenerate "
                        f"them: OMP_NUM_THREADS=1 python classroom/walkthrough.py --markdown WALKTHROUGH.md")
-    assert regenerated == committed                     # --markdown rewrites the blocks and keeps the prose
+    assert gap_masked(regenerated) == gap_masked(committed)     # --markdown rewrites the blocks, keeps the prose
+    gaps = [float(g) for block in printed.values() for g in GAP.findall(block)]
+    assert len(gaps) == 2 and all(0 <= g < 1e-5 for g in gaps)  # the same weights on both sides: rounding only
 
 
 def test_each_views_vote_is_its_majority_and_labels_the_other_view(walkthrough):
