@@ -1,8 +1,10 @@
 """The committed study results redraw from their committed runs: in each study folder whose
 runs/ holds the runs' metrics.jsonl and config.json, `study/study.py --plot-only` writes the same
-table.md and the same figures (pixel for pixel) as the ones committed beside them."""
+table.md and the same figures (pixel for pixel) as the ones committed beside them; and every study table a
+document shows is one of those table.md files, whole."""
 import glob
 import os
+import re
 import shutil
 
 import matplotlib.image
@@ -33,3 +35,20 @@ def test_a_study_redraws_from_its_committed_runs(folder, tmp_path):
         redrawn = matplotlib.image.imread(out / figure)
         committed = matplotlib.image.imread(os.path.join(folder, figure))
         assert redrawn.shape == committed.shape and np.array_equal(redrawn, committed), figure
+
+
+STUDY_TABLE = re.compile(r"^\| method \| seeds \| step \(last\) \|.*?(?=\n(?!\|)|\Z)", re.M | re.S)
+DOCUMENTS = sorted(glob.glob(os.path.join(ROOT, "study", "**", "*.md"), recursive=True)
+                   + [os.path.join(ROOT, name) for name in ("README.md", "RUNNING.md")])
+
+
+def test_each_study_table_a_document_shows_is_a_committed_table_whole():
+    """A document pastes a study's table.md by hand: it must be the committed file, row for row."""
+    committed = {open(t).read().strip(): os.path.relpath(t, ROOT)
+                 for t in glob.glob(os.path.join(ROOT, "study", "**", "table.md"), recursive=True)}
+    shown = [(os.path.relpath(doc, ROOT), m.group(0).strip()) for doc in DOCUMENTS
+             if not doc.endswith("table.md") for m in STUDY_TABLE.finditer(open(doc).read())]
+    assert len(shown) >= 4, shown
+    stale = [(doc, table.splitlines()[2][:60]) for doc, table in shown if table not in committed]
+    assert not stale, f"these documents show a study table that no committed table.md holds: {stale}; paste the " \
+                      f"table.md of the study they describe (one of {sorted(committed.values())})"
