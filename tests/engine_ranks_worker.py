@@ -45,9 +45,9 @@ if __name__ == "__main__":
     rank, world_size, _ = init_distributed()
     engine = engine_for(model_dir)
     local_rank, device = engine.llm.collective_rpc(placement)[0]
+    mine = [q for q in range(2) if q % world_size == rank]
     record = {"rank": rank, "LOCAL_RANK": int(os.environ["LOCAL_RANK"]), "engine_local_rank": local_rank,
-              "engine_device": device, "responses": sample(engine, model_dir, [q for q in range(2)
-                                                                               if q % world_size == rank])}
+              "engine_device": device, "responses": sample(engine, model_dir, mine)}
     records = [None] * world_size
     dist.all_gather_object(records, record)
     if rank == 0:
