@@ -117,7 +117,7 @@ PRESET_TABLE = [
     ("keep_last",                  2,             2),
     ("ema_start",                  0.99,          0.99),
     ("ema_end",                    0.9999,        0.9999),
-    ("max_sampler_gap",            0.1,           0.1),
+    ("max_sampler_gap",            None,          None),      # none: the ceiling of --dtype (run.SamplerGapWatch)
     ("sampler_gap_factor",         5.0,           5.0),
 ]
 PRESET_NAMES = ("classroom", "official")           # PRESET_TABLE's columns
@@ -131,6 +131,7 @@ def settings_changed_by(method):
 
 METHOD_DEFAULTS = {name: settings_changed_by(m) for name, m in METHODS.items() if settings_changed_by(m)}
 VIEWS = ("original", "both")
+DTYPES = ("float32", "bfloat16", "float16")           # --dtype: the trainer's compute dtype and the engine's
 TEACHER_PROMPTS = ("same", "rephrased")
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb",
@@ -220,7 +221,7 @@ FLAGS = [
     ("eval_temperature", dict(type=float), "the evaluation's sampling temperature"),
     ("eval_samples", dict(type=int), "questions of each evaluation whose greedy response and first sample go to "
                                      "samples.jsonl in --out (0: none)"),
-    ("dtype", {}, "the trainer's compute dtype, and the engine's"),
+    ("dtype", dict(choices=DTYPES), "the trainer's compute dtype, and the engine's"),
     ("cpu_kv_cache_gib", dict(type=float), "vLLM's KV cache on a CPU"),
     ("gpu_memory_utilization", dict(type=float), "the share of each GPU vLLM's engine takes for its weights and KV "
                                                  "cache while it samples; it sleeps while the trainer trains "
@@ -245,8 +246,8 @@ FLAGS = [
                                     "is mixed in with the decay at s / T (teacher.py)"),
     ("ema_end", dict(type=float), "... and at its end (the official code's differs: RUNNING.md, departures)"),
     ("max_sampler_gap", dict(type=float), "stop when the sampler's and the trainer's log-probs differ by more than "
-                                          "this (mean per token) in the run's first steps (run.SamplerGapWatch)"),
-    ("sampler_gap_factor", dict(type=float), "... and after them by more than this times their mean"),
+                                          "this (mean per token; none: the ceiling of --dtype, run.SamplerGapWatch)"),
+    ("sampler_gap_factor", dict(type=float), "warn when that gap exceeds this times its mean over the first steps"),
 ]
 
 
@@ -365,8 +366,8 @@ def check_settings(args, world_size):
         if getattr(args, name) < 1:
             refuse(f"--{name} {getattr(args, name)} must be at least 1")
     if not args.sampler_gap_factor > 1:
-        refuse(f"--sampler_gap_factor {args.sampler_gap_factor} must be above 1: the limit is this times the gap of "
-               f"the run's first steps")
+        refuse(f"--sampler_gap_factor {args.sampler_gap_factor} must be above 1: a warning comes above this times the "
+               f"gap of the run's first steps")
     for name in ("save_every", "keep_last", "max_tokens_per_micro_batch", "eval_k", "eval_samples"):
         if getattr(args, name) < 0:
             refuse(f"--{name} {getattr(args, name)} must be 0 or more")

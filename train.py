@@ -306,11 +306,13 @@ def read_inputs(args, resume, rank, world_size):
     return model_dir, tokenizer, encode, pairs, fingerprints, evaluation_set(tokenizer, args, rank, world_size)
 
 
-def show_step(record, bar, watch, rank):
-    """The console's view of a step: the progress bar's figures, and the collapse watch's warning (rank 0)."""
-    warning = watch.update(record)
-    if warning and rank == 0:
-        tqdm.write(warning)
+def show_step(step, record, bar, watches, rank):
+    """The console's view of a step: the progress bar's figures, and the watches' warnings (rank 0). The sampler
+    gap's watch stops the run past its ceiling (run.SamplerGapWatch)."""
+    collapse, gap = watches
+    for warning in (collapse.update(record), gap.check(step, record)):
+        if warning and rank == 0:
+            tqdm.write(warning)
     bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
                     label_acc="-" if record["label_acc"] is None else f"{record['label_acc']:.2f}")
 
@@ -336,7 +338,8 @@ def main(argv=None):
         # (seeded after the engine starts, as vLLM seeds the global RNG with its own seed).
         torch.manual_seed(args.seed)
         questions, start, wandb_id = Questions.shuffled(pairs, args.seed), 0, secrets.token_hex(4)
-        gap_watch = run.SamplerGapWatch(args.max_sampler_gap, args.sampler_gap_factor)
+        ceiling = run.SAMPLER_GAP_CEILING[args.dtype] if args.max_sampler_gap is None else args.max_sampler_gap
+        gap_watch = run.SamplerGapWatch(ceiling, args.sampler_gap_factor)
         if resume is not None:
             start, saved_id, gap_watch.first = run.restore(resume, models, questions, args, rank)
             wandb_id = saved_id or wandb_id                       # kept in checkpoints: a resumed run continues it
@@ -356,8 +359,7 @@ def main(argv=None):
                 indices, mine = questions.take(args.questions_per_step, rank, world_size)
                 record = training_step(args, step, indices, mine, models, encode, step_cfg, device, world_size)
                 log.write(record)
-                show_step(record, bar, watch, rank)
-                gap_watch.check(step, record)
+                show_step(step, record, bar, (watch, gap_watch), rank)
                 if step % args.eval_every == 0 or step == args.steps:
                     evaluate(step, models.engine, eval_set, args, device, log, rank, tokenizer)
                 stopped = signals.agreed_over_ranks(device) and step < args.steps     # at the last step, simply finish

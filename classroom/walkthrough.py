@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import config  # noqa: E402
 import data  # noqa: E402
+import run  # noqa: E402
 import train  # noqa: E402
 import world  # noqa: E402
 from answers import extract_answer, is_equiv, majority_vote  # noqa: E402
@@ -246,7 +247,7 @@ def walk():
         f"{synced} tensors ({models.engine.dtype}) for {len(list(models.policy.parameters()))} parameters, by their "
         f"Hugging Face names (a tied one under each of its names)",
         f"sampler_gap {stats['sampler_gap_sum'] / stats['tokens']:.1e}: the mean |vLLM - trainer| log-prob per "
-        f"token of this step's responses (a run stops above {args.max_sampler_gap})"])
+        f"token of this step's responses (a {args.dtype} run stops above {run.SAMPLER_GAP_CEILING[args.dtype]:g})"])
 
     record = train.step_record_over_ranks(STEP, groups, answers, gold, labels, rewards, stats, lr, None, {}, device,
                                           world_size)
