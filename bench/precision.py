@@ -14,8 +14,9 @@ What differs between the two runs' arithmetic: in fp32 the engine samples, and t
 In bf16 the engine's weights and activations are bfloat16 (its own kernels), and the trainer computes its
 forwards and backwards in bfloat16 under FSDP2's mixed precision (sharding.load_sharded), while its master
 weights, the gradients' reduction and AdamW stay float32; the frozen reference is held in bfloat16, and the
-logits are cast to float32 before the log-softmax (logprobs.py). The samples differ (other kernels, other rounding), so the two runs' rewards and steps are not
-the same ones: the figures compare the cost of a step of the same shape.
+logits are cast to float32 before the log-softmax (logprobs.py). The samples differ (other kernels, other
+rounding), so the two runs' rewards and steps are not the same ones: the figures compare the cost of a step of
+the same shape.
 """
 import argparse
 import json

@@ -308,7 +308,8 @@ def test_the_sampler_gap_warns_on_a_jump_and_stops_only_past_the_ceiling():
     assert [watch.check(step, {"sampler_gap": gap}) for step, gap in enumerate([0.02, 0.04, 0.03], 1)] == [None] * 3
     assert watch.baseline == pytest.approx(0.03) and SamplerGapWatch(0.5, 5.0, watch.first).baseline == watch.baseline
     assert watch.check(4, {"sampler_gap": 0.149}) is None                      # under 5 x 0.03
-    assert watch.check(5, {"sampler_gap": 0.151}).startswith("step 5: the sampler gap is 0.151 per token, 5.0x the mean")
+    warning = watch.check(5, {"sampler_gap": 0.151})
+    assert warning.startswith("step 5: the sampler gap is 0.151 per token, 5.0x the mean")
     assert watch.check(6, {"sampler_gap": 0.2}) is None                        # not yet twice 0.151
     assert "step 7: the sampler gap is 0.31 per token" in watch.check(7, {"sampler_gap": 0.31})
     assert watch.check(8, {"sampler_gap": 0.5}) is None                        # the ceiling itself: under 2 x 0.31
