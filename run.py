@@ -557,7 +557,7 @@ def save_final(policy, model_dir, tokenizer, out, rank, preset):
 
 # The sampler gap a correct run of each precision cannot reach (mean |engine - trainer| log-prob per token), and
 # how it was set: fp32 on a CPU stayed at or under 5.1e-7 in every step of the committed classroom studies (47
-# runs, up to 300 steps); bf16 stayed at or under BF16_MEASURED in the runs of study/bf16 (the classroom, 300
+# runs, up to 300 steps); bf16 stayed at or under 0.003 in the runs of study/bf16 (the classroom, 300
 # steps, vLLM and transformers' engine), and public reports for 4B models give 0.01-0.04, rising slowly over
 # training. Each ceiling is far above what its precision showed (2,000x for fp32, about 7x the public 4B
 # figures for bf16) and below what an engine left on stale weights reaches within a few steps at a learning
