@@ -30,16 +30,17 @@ comes, each line with the time it came, so that a part that stops shows where. T
    varying order (atomics: attention's backward among them) may leave the last bits apart.
 5. probe: bench/gpu_probe.py, with --budget_s set so that it ends before this command's budget.
 
-The budget: the command's end is --budget_s after this process started. A part still running at its
-limit (the classroom runs: STAGE_LIMIT_S each; the probe: the command's end) is sent SIGABRT, on
-which faulthandler prints every thread's stack (where it hung), and is killed KILL_AFTER_S later.
+The budget: the command's end is --budget_s (BUDGET_S) after this process started. A part still
+running at its limit (on a GPU the classroom runs' is STAGE_LIMIT_S each; the probe's, and every
+part's with --tiny, is the command's end) is sent SIGABRT, on which faulthandler prints every
+thread's stack (where it hung), and is killed KILL_AFTER_S later.
 
 Everything printed also goes to gpu_check.log, the verdicts to gpu_check.json, the probe's record to
 gpu_probe.json and the two runs' metrics to straight_metrics.jsonl and resumed_metrics.jsonl: five
 files in $OUT when it is set, else in --out, else in a temporary folder (named at the start).
 
 --tiny: on a CPU, the classroom runs at 4 questions a step, groups of 4 and 8 evaluation questions,
-and the probe at its tiny shape (its --tiny); tests/test_gpu_probe.py runs it.
+and the probe at its tiny shape (its --tiny), within TINY_BUDGET_S.
 """
 import time
 
@@ -58,7 +59,8 @@ import threading  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNERS = {"v1": "0", "v2": "1"}          # --runner: VLLM_USE_V2_MODEL_RUNNER
-STAGE_LIMIT_S = 150.0                     # each classroom run's (and the engine part's) limit
+BUDGET_S, TINY_BUDGET_S = 360.0, 1200.0   # the whole command's seconds, by default
+STAGE_LIMIT_S = 150.0                     # each classroom run's (and the engine part's) limit on a GPU
 KILL_AFTER_S = 10.0                       # after the SIGABRT of a part past its limit
 END_MARGIN_S = 5.0                        # the command's end, less this, is when the probe is stopped
 STEPS, RESUME_FROM = 3, 1
@@ -235,7 +237,8 @@ def engine_checks(backend):
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="a dry run on a CPU: small classroom runs, the tiny probe")
-    ap.add_argument("--budget_s", type=float, default=360.0, help="the whole command's seconds")
+    ap.add_argument("--budget_s", type=float, help=f"the whole command's seconds (default {BUDGET_S:.0f}; --tiny: "
+                                                   f"{TINY_BUDGET_S:.0f}, a CPU's speed varies)")
     ap.add_argument("--runner", choices=sorted(RUNNERS),
                     help="vLLM's model runner for the engine part (VLLM_USE_V2_MODEL_RUNNER); default: vLLM's choice")
     ap.add_argument("--out", help="the folder of the logs and records, when OUT is not set")
@@ -250,6 +253,9 @@ def main(argv=None):
         if failed:
             raise SystemExit("the engine check failed: " + "; ".join(failed))
         return 0
+    if args.budget_s is None:
+        args.budget_s = TINY_BUDGET_S if args.tiny else BUDGET_S
+    stage_limit = args.budget_s if args.tiny else STAGE_LIMIT_S        # --tiny: the budget alone
     out = os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="gpu_check-")
     os.makedirs(out, exist_ok=True)
     say = Console(os.path.join(out, "gpu_check.log"))
@@ -281,16 +287,16 @@ def main(argv=None):
 
     if vllm:
         env = {"VLLM_USE_V2_MODEL_RUNNER": RUNNERS[args.runner]} if args.runner else {}
-        part("engine", python + [os.path.abspath(__file__), "--child", "engine"], STAGE_LIMIT_S, env)
+        part("engine", python + [os.path.abspath(__file__), "--child", "engine"], stage_limit, env)
     with tempfile.TemporaryDirectory(prefix="gpu_check-runs-") as runs:
         straight, resumed = os.path.join(runs, "straight"), os.path.join(runs, "resumed")
         flags = CLASSROOM + CLASSROOM_SIZE[args.tiny]
-        ok, _ = part("straight", python + [os.path.join(ROOT, "train.py"), "--out", straight] + flags, STAGE_LIMIT_S)
+        ok, _ = part("straight", python + [os.path.join(ROOT, "train.py"), "--out", straight] + flags, stage_limit)
         if ok:
             shutil.copy(os.path.join(straight, "metrics.jsonl"), os.path.join(out, "straight_metrics.jsonl"))
             resume_folder(straight, resumed, RESUME_FROM)
             ok, lines = part("resumed", python + [os.path.join(ROOT, "train.py"), "--out", resumed, "--resume"],
-                             STAGE_LIMIT_S)
+                             stage_limit)
             if ok:
                 shutil.copy(os.path.join(resumed, "metrics.jsonl"), os.path.join(out, "resumed_metrics.jsonl"))
                 said = f"resumed from {resumed}/checkpoints/step_{RESUME_FROM} (step {RESUME_FROM} of {STEPS})"

@@ -45,9 +45,9 @@ starts and summed up by one as it ends (seconds since the process started, impor
    of every shard), or the probe fails.
 7. the steps after the first (--steps, 3 in all), each as in 4.
 
-A phase starts only if it is expected to end within --budget_s of the start (the imports counted):
-a step as long as the last one (the first: STEP_ESTIMATE_S), the other phases by ESTIMATE_S; a phase
-that does not fit is left out and named.
+Phases 1-3 always run; a step, the sampling and the checkpoint start only if they are expected to
+end within --budget_s of the start (the imports counted): a step as long as the last one (the first:
+STEP_ESTIMATE_S), the other two by ESTIMATE_S. A phase that does not fit is left out, and named.
 
 Memory: the CUDA allocator's peaks (allocated, reserved) of every phase apart, read and reset at each
 phase's end, so that no phase's peak hides another's; within a training step also the reference's

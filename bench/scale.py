@@ -144,7 +144,7 @@ def gpu_phases(c, world_size=8, device_bytes=CARD_BYTES, utilization=0.75, teach
       activations), what vLLM keeps asleep, and the CUDA runtime, plus fragmentation;
     - optimizer step: the sharded fp32 parameters, gradients and AdamW moments, and AdamW's temporary:
       its foreach step (torch's default on a GPU) takes the square root of every second moment at
-      once (`torch._foreach_sqrt`), a new fp32 tensor as large as the moments' half, 4 bytes a
+      once (`torch._foreach_sqrt`): a new fp32 tensor the size of the second moment, 4 bytes a
       parameter over the ranks; the reference (or teacher), vLLM asleep and the CUDA runtime;
     - weight sync: the trainer's resident state, vLLM's woken weights, one gathered parameter and
       vLLM's copy of the layer it is reloading (the embedding at most);
