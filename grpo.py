@@ -47,6 +47,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from logprobs import token_logprobs, token_values
+from sharding import reshard
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,6 +202,7 @@ def score(model, batch, cfg):
     for rows in micro_batches_for_all_ranks(batch.lengths(), cfg):
         part = batch.rows(rows)
         logp[rows, :part.mask.shape[1]] = token_logprobs(model, part.input_ids, part.mask, cfg.temperature)[0]
+    reshard(model)             # FSDP keeps the root unit (the embedding) gathered after a forward; no backward frees it
     return logp
 
 

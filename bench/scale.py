@@ -133,15 +133,19 @@ FRAGMENTATION = (0.05, 0.10)     # of a phase's tensors, lost to the caching all
 
 
 def gpu_phases(c, world_size=8, device_bytes=CARD_BYTES, utilization=0.75, teacher=False, micro_tokens=16_384):
-    """The per-GPU memory of the official preset in its three phases, as (low, high) bytes per part, and
+    """The per-GPU memory of the official preset in its four phases, as (low, high) bytes per part, and
     the KV-cache tokens per rank. vLLM sleeps (level 2) while the trainer trains, and wakes for the
     weight sync (its weights) and the rollout (its KV cache), so the phases do not add up:
 
-    - training: the trainer's tensors (`memory_account` without vLLM), the second bf16 gradient of the
-      tied embedding (input and output layer, before they are summed), FSDP's fp32 reduce-scatter
-      staging of one unit's unsharded gradient (a layer's; the root's at most), the recomputed layer's
-      backward temporaries (one to two times its activations), what vLLM keeps asleep, and the CUDA
-      runtime, plus fragmentation;
+    - training (the forward and backward passes): the trainer's tensors (`memory_account` without
+      vLLM), the second bf16 gradient of the tied embedding (input and output layer, before they are
+      summed), FSDP's fp32 reduce-scatter staging of one unit's unsharded gradient (a layer's; the
+      root's at most), the recomputed layer's backward temporaries (one to two times its
+      activations), what vLLM keeps asleep, and the CUDA runtime, plus fragmentation;
+    - optimizer step: the sharded fp32 parameters, gradients and AdamW moments, and AdamW's temporary:
+      its foreach step (torch's default on a GPU) takes the square root of every second moment at
+      once (`torch._foreach_sqrt`): a new fp32 tensor the size of the second moment, 4 bytes a
+      parameter over the ranks; the reference (or teacher), vLLM asleep and the CUDA runtime;
     - weight sync: the trainer's resident state, vLLM's woken weights, one gathered parameter and
       vLLM's copy of the layer it is reloading (the embedding at most);
     - rollout: the trainer's resident state and `utilization` of the device for vLLM, of which its
@@ -167,6 +171,12 @@ def gpu_phases(c, world_size=8, device_bytes=CARD_BYTES, utilization=0.75, teach
                 "vLLM asleep": gb(VLLM_ASLEEP), "CUDA runtime": gb(CUDA_RUNTIME)}
     if teacher:
         training["teacher (fp32, sharded)"] = training.pop("reference (sharded)")
+    optimizer = {**{k: fixed(tensors[k]) for k in ("parameters (fp32, sharded)", "gradients (fp32, sharded)",
+                                                   "AdamW moments (fp32, sharded)", "reference (sharded)")},
+                 "AdamW's step: sqrt of the second moment (fp32)": fixed(4 * P / world_size),
+                 "vLLM asleep": gb(VLLM_ASLEEP), "CUDA runtime": gb(CUDA_RUNTIME)}
+    if teacher:
+        optimizer["teacher (fp32, sharded)"] = optimizer.pop("reference (sharded)")
     vllm_weights = 2 * (P + (0 if c.get("tie_word_embeddings") else root))
     sync = {**{k: fixed(v) for k, v in resident.items()}, "vLLM's weights (bf16)": fixed(vllm_weights),
             "one gathered parameter + vLLM's copy of its layer": (2 * 2 * layer, 2 * 2 * root),
@@ -175,7 +185,8 @@ def gpu_phases(c, world_size=8, device_bytes=CARD_BYTES, utilization=0.75, teach
                f"vLLM: {utilization} of the device": fixed(utilization * device_bytes),
                "CUDA runtime": gb(CUDA_RUNTIME)}
     phases = {}
-    for name, parts in (("training", training), ("weight sync", sync), ("rollout", rollout)):
+    for name, parts in (("training", training), ("optimizer step", optimizer), ("weight sync", sync),
+                        ("rollout", rollout)):
         tensor_sum = [sum(v[i] for k, v in parts.items() if not k.startswith(("vLLM", "CUDA"))) for i in (0, 1)]
         parts["fragmentation"] = (FRAGMENTATION[0] * tensor_sum[0], FRAGMENTATION[1] * tensor_sum[1])
         phases[name] = parts
@@ -186,7 +197,7 @@ def gpu_phases(c, world_size=8, device_bytes=CARD_BYTES, utilization=0.75, teach
 
 def print_phases(phases, kv_tokens, device_bytes, sequences, max_tokens):
     for name, parts in phases.items():
-        print(f"\n{name} phase{'':<44} {'GB low':>7} {'GB high':>8}")
+        print(f"\n{name + ' phase':<54} {'GB low':>7} {'GB high':>8}")
         for part, (low, high) in parts.items():
             print(f"  {part:<52} {low / 1e9:>7.2f} {high / 1e9:>8.2f}")
         low, high = (sum(v[i] for v in parts.values()) for i in (0, 1))

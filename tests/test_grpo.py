@@ -218,6 +218,21 @@ def test_compiled_layers_make_the_same_update(dist_world):
         assert torch.allclose(plain[name], compiled[name], atol=1e-5), name
 
 
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_a_step_leaves_no_unit_gathered(dist_world, mini_batches):
+    """FSDP keeps the root unit (the embedding, the output layer when tied) gathered after a forward, until a
+    backward reshards it; the reference only runs forwards, so `score` reshards it. After a step every parameter
+    of the reference and of the policy (whose no-grad pass before two updates is a `score` too) is its shard
+    again: a gathered embedding is the whole vocabulary x hidden on every rank, through the rest of the step."""
+    from torch.distributed.tensor import DTensor
+    policy, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
+    cfg = StepConfig(micro_batch_size=2, mini_batches=mini_batches)
+    train_step(policy, ref, torch.optim.SGD(policy.parameters(), lr=0.1), _batch(), cfg, 1, order=torch.arange(6))
+    for model in (ref, policy):
+        gathered = [name for name, p in model.named_parameters() if not isinstance(p, DTensor)]
+        assert gathered == [], gathered
+
+
 def _saved_bytes(model, batch):
     """Bytes autograd keeps for the backward of one forward pass."""
     total = [0]
