@@ -21,6 +21,7 @@ import sys
 import time
 
 import checkpoint
+from grpo import ROLLOUT_CORRECTIONS
 from rewards import METHODS
 
 class UsageError(Exception):
@@ -103,6 +104,8 @@ PRESET_TABLE = [
     ("activation_checkpointing",   False,         True),
     ("compile_layers",             False,         False),
     ("defer_grad_sync",            False,         False),
+    ("rollout_correction",         "none",        "none"),    # as the official code: grpo.py, ROLLOUT CORRECTION
+    ("rollout_correction_cap",     2.0,           2.0),       # verl's rollout_is_threshold (TRL's cap: 3)
     ("cpu_kv_cache_gib",           0.25,          2.0),
     ("gpu_memory_utilization",     0.75,          0.75),
     # the official scripts' validation: greedy only (eval_greedy) on the 5,000 MATH test questions every 10 steps;
@@ -133,6 +136,9 @@ METHOD_DEFAULTS = {name: settings_changed_by(m) for name, m in METHODS.items() i
 VIEWS = ("original", "both")
 DTYPES = ("float32", "bfloat16", "float16")           # --dtype: the trainer's compute dtype and the engine's
 TEACHER_PROMPTS = ("same", "rephrased")
+# Settings added since runs were saved: a checkpoint's config.json from before lacks them, and its run ran as
+# these values say (resume_settings fills them in).
+ADDED_SETTINGS = {"rollout_correction": "none", "rollout_correction_cap": 2.0}
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb",
                         "eval_samples")
@@ -237,6 +243,11 @@ FLAGS = [
     ("defer_grad_sync", dict(action=argparse.BooleanOptionalAction),
      "reduce-scatter gradients once per update instead of after every micro-batch (keeps unsharded gradients in "
      "between: bench/scale.py's memory account)"),
+    ("rollout_correction", dict(choices=ROLLOUT_CORRECTIONS),
+     "weight each response token's policy term by pi_old / pi_sampler, the trainer's probability over the rollout "
+     "engine's, against their mismatch: none (the official code), tis (truncated at the cap), mis (masked above "
+     "it), seq_tis and seq_mis (the response's product of ratios); grpo.py, ROLLOUT CORRECTION"),
+    ("rollout_correction_cap", dict(type=float), "the cap C of --rollout_correction"),
     ("save_every", dict(type=int), "write a checkpoint every K steps and at the last (0: never)"),
     ("keep_last", dict(type=int), "keep the newest N checkpoints (0: all)"),
     ("wandb", dict(metavar="PROJECT"), "also log every record of metrics.jsonl to Weights & Biases, project PROJECT "
@@ -340,7 +351,7 @@ def resume_settings(args):
                 refuse(f"--resume {args.resume} is not in a run's checkpoints/ folder (a copy?): say which run folder "
                        f"it continues with --out, so that nothing beside the copy is taken for the run's")
             out = args.out
-    settings = checkpoint.read_config(path)
+    settings = {**ADDED_SETTINGS, **checkpoint.read_config(path)}
     for name in sorted(given - {"resume", "out", *NOT_CONFIG}):
         now, then = getattr(args, name), settings.get(name)
         if now == then:
@@ -365,6 +376,9 @@ def check_settings(args, world_size):
                  "max_response_len"):
         if getattr(args, name) < 1:
             refuse(f"--{name} {getattr(args, name)} must be at least 1")
+    if not args.rollout_correction_cap >= 1:
+        refuse(f"--rollout_correction_cap {args.rollout_correction_cap} must be at least 1: below it, the correction "
+               f"would cut the weight of tokens the engine and the trainer agree on (ratio 1)")
     if not args.sampler_gap_factor > 1:
         refuse(f"--sampler_gap_factor {args.sampler_gap_factor} must be above 1: a warning comes above this times the "
                f"gap of the run's first steps")

@@ -19,9 +19,10 @@ logged `kl` is the same k3, clamped alike.
 
 π_old is the policy that sampled the batch; its log-probs are recomputed by the trainer
 rather than taken from the sampler, so that sampler/trainer numerical gaps never enter the
-ratio. The sampler's own log-probs are only compared against them, as a check that
-the weight sync worked. A step's batch may be split into several optimizer updates
-(mini-batches, where clipping matters) and each update into micro-batches (for memory), by
+ratio. The sampler's own log-probs are compared against them, as a check that the weight sync
+worked, and with --rollout_correction they weight each token (ROLLOUT CORRECTION). A step's
+batch may be split into several optimizer updates (mini-batches, where clipping matters) and
+each update into micro-batches (for memory), by
 count or by a budget of padded tokens, each padded only to its own longest row. Log-probs come
 from logprobs.py (never a [B, T, V] tensor); processes and sharding from sharding.py.
 
@@ -37,7 +38,36 @@ the plain token mean over the global mini-batch. Co-rewarding-I's objective is J
 per micro-batch as verl's is. FSDP2 averages gradients over ranks (it divides the summed gradient
 by the world size W), so each rank backpropagates Σ_local loss_t / (N_tokens(view, global) / W);
 micro-batches add their gradients up. The result is the gradient of L, whatever the number of
-ranks or micro-batches.
+ranks or micro-batches. A token's weight (below) scales its policy term inside the sum and leaves
+the normaliser as it is: N_tokens counts the mask's tokens, a token of weight 0 included.
+
+ROLLOUT CORRECTION (--rollout_correction; `none` by default and in the official preset, as the
+official code has none: any other is a departure, RUNNING.md). The sampler (vLLM, in bf16 say)
+and the trainer compute the policy with different kernels, so the responses come from
+π_sampler, not quite π_old. TRL's GRPOTrainer (vllm_importance_sampling_correction, on by
+default there) and verl (rollout_corr: rollout_is) weight each response token's policy term by
+the ratio of the two, detached; here with the log-ratio clamped to ±20 before the exp, as verl's
+SAFETY_BOUND:
+
+    w_t = exp(clamp(log π_old(o_t) - log π_sampler(o_t), -20, 20))             (a token's ratio)
+    W   = exp(clamp(Σ_t over the response of the same log-ratio, -20, 20))     (its response's)
+    loss_t = c_t · weight_t · (-min(ρ A, clip(ρ, 1-ε, 1+ε) A))  +  β k3_t
+
+with c_t one row of ROLLOUT_CORRECTION_TABLE and C = --rollout_correction_cap (2, verl's default
+rollout_is_threshold; TRL's vllm_importance_sampling_cap defaults to 3):
+
+    none      1                              the official code
+    tis       min(w_t, C)                    TRL token_truncate; verl rollout_is="token"
+    mis       w_t where w_t ≤ C, else 0      TRL token_mask (verl's masked mode also drops w_t < 1/C)
+    seq_tis   min(W, C) on every token       TRL sequence_truncate; verl rollout_is="sequence"
+    seq_mis   W where W ≤ C, else 0          TRL sequence_mask
+
+A masked token keeps no weight and an unmasked one keeps w_t itself (not 1), as in both. weight_t is
+Batch.weight, ones from make_batch: the place for any other per-token weight of the policy term. As
+in TRL and verl, the weight multiplies the policy term only, never the KL term, and the normaliser
+stays the mask's token count, as TRL's (verl's later masking drops the masked tokens from its
+denominator). With `none` the weights are ones, and x · 1 = x exactly for every float: the loss and
+its gradient are bit for bit the unweighted ones.
 """
 import math
 from dataclasses import dataclass
@@ -74,13 +104,14 @@ def k3(logp, ref_logp):
     return (torch.exp(log_r) - log_r - 1).clamp(-KL_CLAMP, KL_CLAMP)
 
 
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, view, normalizers):
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, view, normalizers, weight):
     """GRPO loss over a micro-batch: each view's token sum divided by its normalizer, summed over
     views (see NORMALISATION). logp, old_logp, ref_logp, mask [B, T-1]; advantages, view [B];
-    normalizers [VIEWS]. Returns (loss, clipped [B, T-1])."""
+    normalizers [VIEWS]; weight [B, T-1] multiplies each token's policy term, not its KL term
+    (ROLLOUT CORRECTION). Returns (loss, clipped [B, T-1])."""
     ratio = torch.exp(logp - old_logp)                                             # [B, T-1]
     adv = advantages[:, None]
-    policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv) * weight
     per_token = (policy_term + kl_coef * k3(logp, ref_logp)) * mask                # [B, T-1]
     loss = sum(per_token[view == v].sum() / normalizers[v] for v in view.unique().tolist())
     clipped = (ratio * adv > ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).float()
@@ -96,6 +127,55 @@ def loss_normalizers_over_ranks(mask, view, world_size):
 
 
 # --------------------------------------------------------------------------------------------
+# Rollout correction: each token's weight from π_old / π_sampler (ROLLOUT CORRECTION)
+
+def token_ratios(log_ratio, mask):
+    """w_t [B, T-1]: each response token's own ratio π_old / π_sampler, from log_ratio [B, T-1]."""
+    return log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+
+
+def sequence_ratios(log_ratio, mask):
+    """W [B, T-1]: the response's ratio, the product of its tokens' ratios, on each of its positions."""
+    return token_ratios((log_ratio * mask).sum(-1, keepdim=True), mask).expand_as(log_ratio)
+
+
+def unweighted(ratio, cap):
+    """No correction: 1."""
+    return torch.ones_like(ratio)
+
+
+def truncated(ratio, cap):
+    """TIS: min(w, C)."""
+    return ratio.clamp(max=cap)
+
+
+def masked(ratio, cap):
+    """MIS: w where w ≤ C, 0 above."""
+    return torch.where(ratio > cap, torch.zeros_like(ratio), ratio)
+
+
+# One row a correction: the ratio it weights by, and what it makes of the ratio at the cap C.
+#  --rollout_correction   ratio            weight
+ROLLOUT_CORRECTION_TABLE = [
+    ("none",              token_ratios,    unweighted),
+    ("tis",               token_ratios,    truncated),
+    ("mis",               token_ratios,    masked),
+    ("seq_tis",           sequence_ratios, truncated),
+    ("seq_mis",           sequence_ratios, masked),
+]
+ROLLOUT_CORRECTIONS = {name: (ratio, weight) for name, ratio, weight in ROLLOUT_CORRECTION_TABLE}
+
+
+def rollout_correction(name, old_logp, sampler_logp, mask, cap):
+    """(weights, ratios) [B, T-1] of correction `name` with cap C, both detached: the weight of each
+    token's policy term, and the ratio it was made of (w_t, or W of the token's response), before the cap.
+    old_logp, sampler_logp, mask [B, T-1] (both log-probs 0 off the mask)."""
+    ratio_of, weight_of = ROLLOUT_CORRECTIONS[name]
+    ratios = ratio_of((old_logp - sampler_logp).detach(), mask)
+    return weight_of(ratios, cap), ratios
+
+
+# --------------------------------------------------------------------------------------------
 # A batch of sampled responses
 
 @dataclass
@@ -105,6 +185,8 @@ class Batch:
     advantages: torch.Tensor        # [N]
     sampler_logp: torch.Tensor      # [N, T-1] the sampler's log-probs (0 off the mask)
     view: torch.Tensor              # [N] long: the view whose token mean the sequence's loss joins
+    weight: torch.Tensor            # [N, T-1] each token's weight on its policy term (ones from make_batch); the
+                                    # step multiplies it by the rollout correction's (ROLLOUT CORRECTION)
 
     def __len__(self):
         return len(self.input_ids)
@@ -118,7 +200,7 @@ class Batch:
         mask = self.mask[idx]
         width = int(sequence_lengths(mask).max()) if len(mask) else 1
         return Batch(self.input_ids[idx][:, :width], mask[:, :width - 1], self.advantages[idx],
-                     self.sampler_logp[idx][:, :width - 1], self.view[idx])
+                     self.sampler_logp[idx][:, :width - 1], self.view[idx], self.weight[idx][:, :width - 1])
 
 
 def sequence_lengths(mask):
@@ -128,8 +210,8 @@ def sequence_lengths(mask):
 
 
 def make_batch(samples, pad_id, device):
-    """samples: [N] rollout.Sample. Advantages start at zero, and every sequence in view 0; the caller
-    sets the advantages, and the views of a two-view method's batch."""
+    """samples: [N] rollout.Sample. Advantages start at zero, every sequence in view 0 and every token's
+    weight at 1; the caller sets the advantages, and the views of a two-view method's batch."""
     width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     mask = torch.zeros(len(samples), width - 1)
@@ -142,7 +224,7 @@ def make_batch(samples, pad_id, device):
         mask[i, p - 1:p + r - 1] = 1.0                     # logits at t predict token t+1
         slogp[i, p - 1:p + r - 1] = torch.tensor(s.logprobs)
     return Batch(ids.to(device), mask.to(device), torch.zeros(len(samples), device=device), slogp.to(device),
-                 torch.zeros(len(samples), dtype=torch.long, device=device))
+                 torch.zeros(len(samples), dtype=torch.long, device=device), torch.ones(mask.shape, device=device))
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,6 +240,8 @@ class StepConfig:
     max_tokens_per_micro_batch: int | None = None   # ... or, when set, padded tokens per forward/backward
     max_grad_norm: float = 1.0
     defer_grad_sync: bool = False   # reduce-scatter gradients once per update, not after every micro-batch
+    rollout_correction: str = "none"        # a row of ROLLOUT_CORRECTION_TABLE
+    rollout_correction_cap: float = 2.0     # its C
 
 
 def pack_by_tokens(lengths, max_tokens, passes=0):
@@ -231,6 +315,12 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     their ratio against the sampling policy and can clip. `order` (a permutation of the rows,
     default random) says which rows each update takes: update k takes its k-th chunk.
 
+    Each token's policy term is weighted by `batch.weight` times the weight of the rollout correction
+    `cfg.rollout_correction` (ROLLOUT CORRECTION: from π_old's log-probs over the sampler's, capped at
+    `cfg.rollout_correction_cap`); the KL term is not, and each view's normaliser stays its count of
+    the mask's tokens (NORMALISATION). With correction `none` and a batch of weights 1 the update is
+    bit for bit the unweighted one.
+
     Every rank must hold the same number of sequences, divisible by `cfg.mini_batches` (FSDP's
     collectives pair up per forward and backward). Before each optimizer step the ranks agree
     that every loss, sampler gap and the gradient norm is finite; otherwise all of them raise
@@ -241,8 +331,10 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     for the memory of the full unsharded gradients (the memory account in bench/scale.py).
 
     Returns token sums for metrics (the caller sums them over ranks; kl and entropy are those
-    of each update's forward) and grad_norm, the largest pre-clipping gradient norm among the
-    step's updates."""
+    of each update's forward; sampler_ratio_sum that of the correction's ratio before the cap, w_t or
+    W, and sampler_capped_sum the tokens whose ratio is above the cap: truncated by tis, masked by
+    mis, and with none those a cap would act on) and grad_norm, the largest pre-clipping gradient
+    norm among the step's updates."""
     if len(batch) % cfg.mini_batches:
         raise ValueError(f"{len(batch)} sequences on this rank do not split into {cfg.mini_batches} equal "
                          f"mini-batches")
@@ -250,7 +342,7 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     old_logp = score(policy, batch, cfg) if cfg.mini_batches > 1 else None
     m = batch.mask
     stats = {"tokens": m.sum().item(), "kl_sum": 0.0, "entropy_sum": 0.0, "sampler_gap_sum": 0.0,
-             "clipped_sum": 0.0, "grad_norm": 0.0}
+             "sampler_ratio_sum": 0.0, "sampler_capped_sum": 0.0, "clipped_sum": 0.0, "grad_norm": 0.0}
     order = torch.randperm(len(batch)) if order is None else order
     lengths = batch.lengths()
     for update, mb in enumerate(order.to(m.device).chunk(cfg.mini_batches)):
@@ -265,8 +357,10 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
             logp, entropy = token_logprobs(policy, part.input_ids, part.mask, cfg.temperature, entropy=True)
             old = logp.detach() if old_logp is None else old_logp[rows, :width]
             ref_part = ref_logp[rows, :width]
+            correction, ratios = rollout_correction(cfg.rollout_correction, old, part.sampler_logp, part.mask,
+                                                    cfg.rollout_correction_cap)
             loss, clipped = grpo_loss(logp, old, ref_part, part.advantages, part.mask, cfg.clip_eps, cfg.kl_coef,
-                                      part.view, normalizers)
+                                      part.view, normalizers, part.weight * correction)
             loss.backward()
             with torch.no_grad():
                 gap = ((part.sampler_logp - old).abs() * part.mask).sum()
@@ -274,6 +368,8 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
                 stats["kl_sum"] += (k3(logp, ref_part) * part.mask).sum().item()
                 stats["entropy_sum"] += (entropy * part.mask).sum().item()
                 stats["sampler_gap_sum"] += gap.item()
+                stats["sampler_ratio_sum"] += (ratios * part.mask).sum().item()
+                stats["sampler_capped_sum"] += ((ratios > cfg.rollout_correction_cap) * part.mask).sum().item()
                 stats["clipped_sum"] += (clipped * part.mask).sum().item()
         dist.all_reduce(nonfinite)                    # a loss is rank-local: every rank must stop together
         norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)

@@ -392,10 +392,12 @@ def write_config(args, rank, disk, weight_check):
             json.dump(config_of(args), f, indent=1)
         views = "2 views" if args.views == "both" else "1 view"
         evaluation = f"greedy and avg@{args.eval_k}" if args.eval_k else "greedy"
+        correction = "" if args.rollout_correction == "none" else \
+            f", rollout correction {args.rollout_correction} (cap {args.rollout_correction_cap})"
         print(f"{args.method} on {args.data}, preset {args.preset} "
               f"({getattr(args, 'preset_reason', 'as the checkpoint it resumes')}): {args.steps} steps of "
               f"{args.questions_per_step} questions x {views} x G={args.group_size}, lr {args.lr}, KL {args.kl_coef}, "
-              f"{args.dtype}; {evaluation} on {args.eval_data} every {args.eval_every} steps; rollouts by "
+              f"{args.dtype}{correction}; {evaluation} on {args.eval_data} every {args.eval_every} steps; rollouts by "
               f"{ENGINE_NAMES[args.backend]} ({getattr(args, 'backend_reason', 'as the checkpoint it resumes')}); "
               f"checkpoints of {size(disk[0])}, at most {size(disk[1])} on disk; every setting in {path}",
               flush=True)

@@ -201,6 +201,7 @@ def step_record_over_ranks(step, groups, answers, gold, labels, rewards, stats, 
         "response_len": tokens / n, "clip_frac": sums["clipped_sum"] / tokens,
         "grad_norm": stats["grad_norm"], "lr": lr,
         "sampler_gap": sums["sampler_gap_sum"] / tokens,
+        "sampler_ratio": sums["sampler_ratio_sum"] / tokens, "sampler_capped": sums["sampler_capped_sum"] / tokens,
         **times,
         **({"ema_alpha": alpha} if alpha is not None else {}),
     }
@@ -246,7 +247,8 @@ def step_config(args):
     return StepConfig(temperature=args.temperature, clip_eps=args.clip_eps, kl_coef=args.kl_coef,
                       mini_batches=args.mini_batches, micro_batch_size=args.micro_batch_size,
                       max_tokens_per_micro_batch=args.max_tokens_per_micro_batch or None,      # 0: by count
-                      max_grad_norm=args.max_grad_norm, defer_grad_sync=args.defer_grad_sync)
+                      max_grad_norm=args.max_grad_norm, defer_grad_sync=args.defer_grad_sync,
+                      rollout_correction=args.rollout_correction, rollout_correction_cap=args.rollout_correction_cap)
 
 
 def cosine_with_warmup(total_steps, warmup_ratio):

@@ -73,7 +73,7 @@ def classroom_batch(seed=0):
         ids[i, :len(p) + len(r)] = torch.tensor(p + r)
         mask[i, len(p) - 1:len(p) + len(r) - 1] = 1
     return Batch(ids, mask, torch.randn(len(rows), generator=g), torch.zeros(len(rows), width - 1),
-                 torch.zeros(len(rows), dtype=torch.long))
+                 torch.zeros(len(rows), dtype=torch.long), torch.ones(len(rows), width - 1))
 
 
 def build(dtype=torch.float32, compile_layers=False):

@@ -264,7 +264,8 @@ def make_step_batch(n=4, seed=0):
     for i, (length, p) in enumerate(zip(lengths, prompts)):
         ids[i, length:] = 0
         mask[i, p - 1:length - 1] = 1.0
-    return Batch(ids, mask, torch.randn(n, generator=g), torch.zeros(n, width - 1), torch.zeros(n, dtype=torch.long))
+    return Batch(ids, mask, torch.randn(n, generator=g), torch.zeros(n, width - 1), torch.zeros(n, dtype=torch.long),
+                 torch.ones(n, width - 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,7 +282,8 @@ def vocab_token_logprobs(model, input_ids, mask, temperature, entropy=False):
 
 def rows_padded_to_the_batch(self, idx):
     """Before: every micro-batch at the width of the rank's longest row."""
-    return Batch(self.input_ids[idx], self.mask[idx], self.advantages[idx], self.sampler_logp[idx], self.view[idx])
+    return Batch(self.input_ids[idx], self.mask[idx], self.advantages[idx], self.sampler_logp[idx], self.view[idx],
+                 self.weight[idx])
 
 
 class PeakRSS:

@@ -273,9 +273,9 @@ def loss_terms(batch, logp, ref_logp, view, cfg, world_size):
     width, normalizers = part.mask.shape[1], loss_normalizers_over_ranks(part.mask, part.view, world_size)
     policy, ref = logp[rows, :width], ref_logp[rows, :width]
     policy_term = grpo_loss(policy, policy, ref, part.advantages, part.mask, cfg.clip_eps, 0.0, part.view,
-                            normalizers)[0].item()
+                            normalizers, part.weight)[0].item()
     kl_term = grpo_loss(policy, policy, ref, torch.zeros_like(part.advantages), part.mask, cfg.clip_eps,
-                        cfg.kl_coef, part.view, normalizers)[0].item()
+                        cfg.kl_coef, part.view, normalizers, part.weight)[0].item()
     tokens = part.mask.sum(-1)                                                     # n_i
     weighted = -(part.advantages * tokens).sum().item() / tokens.sum().item()
     return int(tokens.sum()), policy_term, kl_term, weighted

@@ -40,6 +40,7 @@ from rewards import METHODS
                                                  "longest length, 112 tokens"),
     (["--max_tokens_per_micro_batch", "-1"], 1, "--max_tokens_per_micro_batch -1 must be 0 or more"),
     (["--model", "m", "--epochs", "0"], 1, "--epochs 0.0 must be positive"),
+    (["--rollout_correction_cap", "0.5"], 1, "--rollout_correction_cap 0.5 must be at least 1"),
 ])
 def test_settings_that_cannot_work_are_refused(flags, world_size, message):
     args = config.parse_args(["--method", "coreward1", *flags])
@@ -89,6 +90,32 @@ def test_help_shows_each_flags_value_in_each_preset_and_method():
     assert "{" + ",".join(METHODS) + "}" in lines["--method"]          # the choices: METHOD_TABLE's rows
     for name, _, help in config.FLAGS:
         assert set(re.findall(r"\b\d[\d.e-]*", help)) <= {"0"}, f"--{name}'s help states a number: {help}"
+
+
+def test_the_rollout_correction_is_off_unless_asked_for():
+    """Off in both presets (the official code has none); --rollout_correction takes a row of grpo's table."""
+    from grpo import ROLLOUT_CORRECTIONS
+    assert config.parse_args(["--method", "coreward1"]).rollout_correction == "none"
+    assert config.parse_args(["--method", "coreward1", "--model", "m"]).rollout_correction == "none"
+    args = config.parse_args(["--method", "coreward1", "--rollout_correction", "mis", "--rollout_correction_cap", "3"])
+    assert (args.rollout_correction, args.rollout_correction_cap) == ("mis", 3.0)
+    assert set(ROLLOUT_CORRECTIONS) == {"none", "tis", "mis", "seq_tis", "seq_mis"}
+
+
+def test_a_checkpoint_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):
+    """A config.json written before --rollout_correction existed lacks it: the resumed run takes the value its run
+    had (ADDED_SETTINGS: none, cap 2), and a flag that asks for another is refused as any change is."""
+    step = tmp_path / "run" / "checkpoints" / "step_3"
+    step.mkdir(parents=True)
+    (step / "trainer.pt").write_bytes(b"")
+    saved = config.config_of(config.parse_args(["--method", "gt", "--out", str(tmp_path / "run")]))
+    for name in config.ADDED_SETTINGS:
+        del saved[name]
+    (step / "config.json").write_text(json.dumps(saved))
+    args, path = config.resume_settings(config.parse_args(["--resume", str(step)]))
+    assert (args.rollout_correction, args.rollout_correction_cap) == ("none", 2.0) and path == str(step)
+    with pytest.raises(config.RefusedSetting, match="--rollout_correction tis differs from the checkpoint's none"):
+        config.resume_settings(config.parse_args(["--resume", str(step), "--rollout_correction", "tis"]))
 
 
 def test_default_out_tells_the_documented_runs_apart():

@@ -1,5 +1,6 @@
 """The GRPO maths: advantages, loss, gradients, micro-batching, and 2 ranks against 1."""
 import dataclasses
+import math
 import os
 import re
 import subprocess
@@ -38,7 +39,7 @@ def test_loss_by_hand():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     adv = torch.tensor([2.0])
     loss, clipped = grpo_loss(logp, old, ref, adv, mask, clip_eps=0.2, kl_coef=0.1, view=ZERO_VIEW,
-                              normalizers=torch.tensor([2.0, 0.0]))
+                              normalizers=torch.tensor([2.0, 0.0]), weight=torch.ones(1, 3))
     # token 0: ratio 1 -> -2; k3 with r = -0.2: e^-0.2 + 0.2 - 1 = 0.0187308
     # token 1: ratio 1.6487 clipped to 1.2 (A > 0) -> -2.4; k3 with r = 0 -> 0
     expected = (-2.0 + 0.1 * 0.0187308 + -2.4) / 2.0
@@ -46,7 +47,8 @@ def test_loss_by_hand():
     assert clipped.tolist() == [[0.0, 1.0, 0.0]]
     # negative advantage: the ratio is clipped from below at 1 - eps only when it is below
     loss_neg, _ = grpo_loss(torch.tensor([[-1.5]]), torch.tensor([[-1.0]]), torch.tensor([[-1.5]]),
-                            torch.tensor([-1.0]), torch.tensor([[1.0]]), 0.2, 0.0, ZERO_VIEW, torch.ones(2))
+                            torch.tensor([-1.0]), torch.tensor([[1.0]]), 0.2, 0.0, ZERO_VIEW, torch.ones(2),
+                            torch.ones(1, 1))
     # ratio e^-0.5 = 0.6065 -> min(-0.6065 * -1 ... ) : -min(-0.6065, -0.8) = 0.8
     assert loss_neg.item() == pytest.approx(0.8, abs=1e-6)
 
@@ -59,7 +61,7 @@ def test_two_views_each_take_their_own_token_mean(dist_world):
     view, adv = torch.tensor([0, 0, 1]), torch.tensor([1.0, 2.0, -1.0])
     normalizers = grpo.loss_normalizers_over_ranks(mask, view, world_size=1)
     assert normalizers.tolist() == [4.0, 2.0]
-    loss, _ = grpo_loss(logp, logp.detach(), logp.detach(), adv, mask, 0.2, 0.0, view, normalizers)
+    loss, _ = grpo_loss(logp, logp.detach(), logp.detach(), adv, mask, 0.2, 0.0, view, normalizers, torch.ones(3, 3))
     assert loss.item() == pytest.approx(-5 / 4 + 2 / 2)               # one mean over all 6 would be -3 / 6
     loss.backward()                                                    # d/dlogp = -A / N_view on each token
     assert torch.allclose(logp.grad, torch.tensor([[-1 / 4] * 3, [-2 / 4, 0, 0], [1 / 2, 1 / 2, 0]]))
@@ -71,7 +73,7 @@ def test_the_kl_term_is_clamped_at_ten_as_verl_does():
     logp = torch.tensor([[-15.0, -1.0]], requires_grad=True)
     ref = torch.tensor([[0.0, -1.2]])
     loss, _ = grpo_loss(logp, logp.detach(), ref, torch.zeros(1), torch.ones(1, 2), 0.2, 0.1, ZERO_VIEW,
-                        torch.tensor([2.0, 0.0]))
+                        torch.tensor([2.0, 0.0]), torch.ones(1, 2))
     assert loss.item() == pytest.approx(0.1 * (10 + 0.0187308) / 2, abs=1e-6)
     loss.backward()                                                    # d k3 / d logp = 1 - e^r, below the clamp
     assert logp.grad[0, 0] == 0 and logp.grad[0, 1].item() == pytest.approx(0.1 * (1 - torch.e ** -0.2) / 2)
@@ -86,7 +88,7 @@ def test_a_token_far_from_the_reference_gives_a_finite_gradient(log_r):
     ref = torch.tensor([[min(0.0, log_r), -1.2]])
     assert (ref - logp.detach())[0, 0] == log_r
     loss, _ = grpo_loss(logp, logp.detach(), ref, torch.zeros(1), torch.ones(1, 2), 0.2, 0.1, ZERO_VIEW,
-                        torch.tensor([2.0, 0.0]))
+                        torch.tensor([2.0, 0.0]), torch.ones(1, 2))
     loss.backward()
     assert loss.item() == pytest.approx(0.1 * (10 + 0.0187308) / 2, abs=1e-6)
     assert logp.grad.isfinite().all() and logp.grad[0, 0] == 0
@@ -130,7 +132,7 @@ def _batch(n=6, width=10, seed=1):
     for i in range(n):
         mask[i, 2:2 + 2 + i % 2 + 4 * (i >= n // 2)] = 1.0
     adv = torch.randn(n, generator=g)
-    return Batch(ids, mask, adv, torch.zeros(n, width - 1), torch.zeros(n, dtype=torch.long))
+    return Batch(ids, mask, adv, torch.zeros(n, width - 1), torch.zeros(n, dtype=torch.long), torch.ones(n, width - 1))
 
 
 def test_micro_batches_by_token_budget_by_hand():
@@ -166,7 +168,8 @@ def test_gradient_equals_reinforce_at_ratio_one():
     b = _batch()
     logp, _ = token_logprobs(model, b.input_ids, b.mask, temperature=0.7)
     n = b.mask.sum()
-    loss, clipped = grpo_loss(logp, logp.detach(), logp.detach(), b.advantages, b.mask, 0.2, 0.0, b.view, n.repeat(2))
+    loss, clipped = grpo_loss(logp, logp.detach(), logp.detach(), b.advantages, b.mask, 0.2, 0.0, b.view, n.repeat(2),
+                              b.weight)
     grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
     assert clipped.sum() == 0
     reinforce = -(b.advantages[:, None] * logp * b.mask).sum() / n
@@ -288,27 +291,30 @@ def test_two_ranks_match_one_rank(tmp_path):
         assert "1 non-finite sampler log-prob gap" in outcome["stopped"] and not outcome["moved"]
 
 
-def _reference_loss(logp, old, ref_logp, batch, rows, cfg):
-    """The loss written out: the clipped surrogate plus k3, each view's token mean, summed over views."""
+def _reference_loss(logp, old, ref_logp, batch, rows, cfg, weight=1.0):
+    """The loss written out: the clipped surrogate (times the tokens' weights) plus k3, each view's token mean,
+    summed over views."""
     ratio, adv, mask = (logp - old).exp(), batch.advantages[rows, None], batch.mask[rows]
     log_r = ref_logp - logp
-    term = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv) \
+    term = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv) * weight \
         + cfg.kl_coef * (log_r.exp() - log_r - 1)
     view = batch.view[rows]
     return sum((term * mask)[view == v].sum() / mask[view == v].sum() for v in (0, 1) if (view == v).any())
 
 
-def _plain_reference_step(batch, order, mini_batches, lr, cfg):
-    """The step written out on an unsharded model: π_old is the policy before the first update."""
+def _plain_reference_step(batch, order, mini_batches, lr, cfg, weights_of=None):
+    """The step written out on an unsharded model: π_old is the policy before the first update. weights_of(π_old's
+    log-probs) [N, T-1]: each token's weight on its policy term (none: 1)."""
     model, ref = _tiny_model(), _tiny_model()
     with torch.no_grad():
         old = naive_logprobs(model, batch.input_ids, cfg.temperature)
         ref_logp = naive_logprobs(ref, batch.input_ids, cfg.temperature)
+    weights = torch.ones_like(old) if weights_of is None else weights_of(old)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     norms = []
     for mb in order.chunk(mini_batches):
         logp = naive_logprobs(model, batch.input_ids[mb], cfg.temperature)
-        loss = _reference_loss(logp, old[mb], ref_logp[mb], batch, mb, cfg)
+        loss = _reference_loss(logp, old[mb], ref_logp[mb], batch, mb, cfg, weights[mb])
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item())
         opt.step()
@@ -383,3 +389,143 @@ def test_a_non_finite_value_stops_the_step_before_the_weights_move(dist_world, m
 def test_a_group_of_one_response_is_refused():
     with pytest.raises(ValueError, match="groups of 1 response"):
         group_advantages(torch.tensor([[1.0], [0.0]]))
+
+
+# --------------------------------------------------------------------------------------------
+# Rollout correction
+
+def trl_is_weights(old, sampler, mask, mode, cap):
+    """TRL GRPOTrainer's importance sampling weights as it writes them: the log-ratio old - sampler on the mask,
+    summed over the response for sequence_*, its exp; *_truncate clamps it at the cap from above, *_mask sets it
+    to 0 above the cap. [B, T-1]."""
+    diff = (old - sampler) * mask
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)
+    ratio = diff.exp()
+    ratio = ratio.clamp(max=cap) if mode.endswith("truncate") else ratio.masked_fill(ratio > cap, 0.0)
+    return ratio.expand_as(old)
+
+
+TRL_MODES = {"tis": "token_truncate", "mis": "token_mask", "seq_tis": "sequence_truncate", "seq_mis": "sequence_mask"}
+LN = math.log
+
+
+def test_rollout_correction_weights_by_hand():
+    """log π_old - log π_sampler on the response tokens (both log-probs 0 off the mask), cap 2:
+    row 0: ln 3, ln 0.5, ln 1.5 (w = 3, 0.5, 1.5; W = 2.25), then a padded position;
+    row 1: ln 1.2, ln 1.5 (W = 1.8);
+    row 2: +100 and -100 nats: w clamped to e^20 and e^-20 (verl's bound), W = e^0 = 1."""
+    old = torch.tensor([[LN(3), LN(0.5), LN(1.5), 0.0], [LN(1.2), LN(1.5), 0, 0], [100.0, -100.0, 0, 0]])
+    sampler = torch.zeros(3, 4)
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
+    e20, tiny = math.exp(20), math.exp(-20)
+    expected = {
+        "none":    [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]],
+        "tis":     [[2, 0.5, 1.5, 1], [1.2, 1.5, 1, 1], [2, tiny, 1, 1]],
+        "mis":     [[0, 0.5, 1.5, 1], [1.2, 1.5, 1, 1], [0, tiny, 1, 1]],
+        "seq_tis": [[2] * 4, [1.8] * 4, [1] * 4],
+        "seq_mis": [[0] * 4, [1.8] * 4, [1] * 4],
+    }
+    ratios = {"token": [[3, 0.5, 1.5, 1], [1.2, 1.5, 1, 1], [e20, tiny, 1, 1]], "seq": [[2.25] * 4, [1.8] * 4, [1] * 4]}
+    assert list(expected) == list(grpo.ROLLOUT_CORRECTIONS)
+    for name, weights in expected.items():
+        w, r = grpo.rollout_correction(name, old, sampler, mask, 2.0)
+        assert torch.allclose(w, torch.tensor(weights, dtype=torch.float32), rtol=1e-5, atol=0), name
+        assert torch.allclose(r, torch.tensor(ratios["seq" if name.startswith("seq") else "token"], dtype=torch.float32),
+                              rtol=1e-5), name
+        if name != "none":                    # TRL's formula gives the same weights where no bound is reached
+            assert torch.allclose(w[:2] * mask[:2], trl_is_weights(old, sampler, mask, TRL_MODES[name], 2.0)[:2] * mask[:2],
+                                  rtol=1e-6), name
+    # a ratio at the cap is kept whole: only a ratio above it is truncated (tis) or masked (mis), as TRL's `> cap`
+    at_cap = float(math.exp(LN(1.5)))
+    w_tis, _ = grpo.rollout_correction("tis", old, sampler, mask, at_cap)
+    w_mis, r = grpo.rollout_correction("mis", old, sampler, mask, at_cap)
+    assert r[0, 2] == torch.tensor(at_cap) and w_mis[0, 2] == w_tis[0, 2] == r[0, 2]
+    assert w_mis[0, 0] == 0 and w_tis[0, 0] == r[0, 2] and w_mis[1, 0] == w_tis[1, 0] == r[1, 0]
+
+
+def test_the_weight_scales_the_policy_term_only_and_keeps_the_normaliser():
+    """The loss with per-token weights, and its gradient, against the loss as TRL writes it: per_token_loss =
+    -min(ρ A, clip(ρ) A) · w + β k3 (the weight on the policy term, not on the KL term), summed on the mask over
+    the mask's token count (a token of weight 0 still counts). Ratios away from 1 (some clip), β = 0.1."""
+    model, b = _tiny_model(), _batch()
+    g = torch.Generator().manual_seed(2)
+    logp, _ = token_logprobs(model, b.input_ids, b.mask, temperature=1.0)
+    old = (logp.detach() + 0.3 * torch.randn(logp.shape, generator=g)) * b.mask
+    ref = (logp.detach() + 0.5 * torch.randn(logp.shape, generator=g)) * b.mask
+    weight = 3 * torch.rand(logp.shape, generator=g)
+    weight[0, 2] = 0.0                                                  # a masked token of row 0
+    n = b.mask.sum()
+    loss, clipped = grpo_loss(logp, old, ref, b.advantages, b.mask, 0.2, 0.1, b.view, n.repeat(2), weight)
+    ratio, adv = (logp - old).exp(), b.advantages[:, None]
+    per_token = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv) * weight \
+        + 0.1 * (torch.exp(ref - logp) - (ref - logp) - 1)
+    expected = (per_token * b.mask).sum() / b.mask.sum()
+    assert (clipped * b.mask).sum() > 0 and loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
+    ref_grads = torch.autograd.grad(expected, list(model.parameters()))
+    for g_, r in zip(grads, ref_grads):
+        assert torch.allclose(g_, r, atol=1e-7, rtol=1e-5)
+    assert sum(g_.abs().sum() for g_ in grads) > 0
+
+
+def _sampler_off_by(batch, ratios):
+    """The batch with the sampler's log-probs set off the start policy's by log-ratios taken in turn from `ratios`
+    along each response: log π_sampler = log π_old - ln w."""
+    with torch.no_grad():
+        old = naive_logprobs(_tiny_model(), batch.input_ids, 1.0)
+    w = torch.ones_like(old)
+    for i in range(len(batch)):
+        positions = batch.mask[i].nonzero().flatten()
+        w[i, positions] = torch.tensor([ratios[k % len(ratios)] for k in range(len(positions))])
+    return dataclasses.replace(batch, sampler_logp=(old - w.log()) * batch.mask), w
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis", "seq_tis", "seq_mis"])
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_a_corrected_step_matches_the_reference(dist_world, correction, mini_batches):
+    """The sampler's log-probs off the trainer's by ratios 3 (above the cap 2), 0.5 and 1.5 in turn along each
+    response (a response of 2 tokens has W = 1.5, of 3 W = 2.25, of 6 W = 5.06, of 7 W = 15.2). With π_old the
+    update's own forward (one update) or the start policy (two): the step is the plain reference step with TRL's
+    weights, and its ratio and capped sums are those of the set ratios."""
+    batch, w = _sampler_off_by(_batch(n=8), [3.0, 0.5, 1.5])
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(0))
+    cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=mini_batches, micro_batch_size=3,
+                     max_grad_norm=1e9, rollout_correction=correction, rollout_correction_cap=2.0)
+    model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
+    stats = train_step(model, ref, torch.optim.SGD(model.parameters(), lr=1.0), batch, cfg, 1, order=order)
+    trl = lambda old: trl_is_weights(old, batch.sampler_logp, batch.mask, TRL_MODES[correction], 2.0)
+    expected, _ = _plain_reference_step(batch, order, mini_batches, 1.0, cfg, weights_of=trl)
+    uncorrected, _ = _plain_reference_step(batch, order, mini_batches, 1.0, cfg)
+    for name, value in gather_full_weights(model):
+        assert torch.allclose(value, expected[name], atol=1e-5), name
+    assert max((expected[k] - uncorrected[k]).abs().max() for k in expected) > 1e-3      # the weights mattered
+    ratio = (w.log() * batch.mask).sum(-1, keepdim=True).exp().expand_as(w) if correction.startswith("seq") else w
+    assert stats["sampler_ratio_sum"] == pytest.approx((ratio * batch.mask).sum().item(), rel=1e-5)
+    assert stats["sampler_capped_sum"] == ((ratio > 2.0) * batch.mask).sum().item() > 0
+
+
+def test_no_correction_is_bit_for_bit_the_unweighted_step(dist_world, monkeypatch):
+    """--rollout_correction none (the default), the sampler far off the trainer: two updates (the second clips)
+    leave the weights bit for bit where the loss without any weight leaves them."""
+    batch = dataclasses.replace(_batch(n=8), sampler_logp=_batch(n=8).mask * -6.0)
+
+    def unweighted_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, view, normalizers, weight):
+        ratio = torch.exp(logp - old_logp)
+        adv = advantages[:, None]
+        policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+        per_token = (policy_term + kl_coef * grpo.k3(logp, ref_logp)) * mask
+        loss = sum(per_token[view == v].sum() / normalizers[v] for v in view.unique().tolist())
+        return loss, (ratio * adv > ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).float()
+
+    cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=2, micro_batch_size=3)
+    stepped = []
+    for loss in (grpo.grpo_loss, unweighted_loss):
+        monkeypatch.setattr(grpo, "grpo_loss", loss)
+        model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
+        stats = train_step(model, ref, torch.optim.AdamW(model.parameters(), lr=1e-1), batch, cfg, 1,
+                           order=torch.randperm(8, generator=torch.Generator().manual_seed(0)))
+        stepped.append(dict(gather_full_weights(model)))
+    assert stats["clipped_sum"] > 0 and stats["sampler_capped_sum"] > 0      # a cap would have acted
+    for name in stepped[0]:
+        assert torch.equal(stepped[0][name], stepped[1][name]), name

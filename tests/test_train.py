@@ -64,7 +64,7 @@ def run_in_process(out, method, *extra):
     real_step, real_ema = train.train_step, train.ema_update
 
     def train_step(policy, ref, optimizer, batch, cfg, world_size, **kwargs):
-        call = {"policy": policy, "ref": ref, "lr": optimizer.param_groups[0]["lr"], "ref_weights": _clone(ref),
+        call = {"policy": policy, "ref": ref, "lr": optimizer.param_groups[0]["lr"], "ref_weights": _clone(ref), "cfg": cfg,
                 "input_ids": batch.input_ids.clone(), "mask": batch.mask.clone(),
                 "advantages": batch.advantages.clone()}
         run.steps.append(call)
@@ -126,6 +126,7 @@ def test_every_method_trains_and_logs_each_step(short_run, method):
         # the engine runs the trainer's current weights (float32 on both sides: ~1e-7), not the teacher's left
         # from the previous step's teacher rollout
         assert record["sampler_gap"] < 1e-5
+        assert abs(record["sampler_ratio"] - 1) < 1e-5 and record["sampler_capped"] == 0   # π_old / π_sampler
         assert (record["label_acc"] is None) == (method in ANSWER_FREE)
         # the logged rate is the one this step's update used, and follows the schedule
         assert record["lr"] == call["lr"] == pytest.approx(lr * schedule(record["step"] - 1))
@@ -298,6 +299,20 @@ def test_eval_k_0_evaluates_greedily_only(tmp_path, capsys):
     assert all(0 <= r["eval_greedy"] <= 1 for r in run.eval_records)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("eval @ step")]
     assert len(printed) == 2 and all(re.fullmatch(r"eval @ step \d: greedy \d\.\d{3}", line) for line in printed)
+
+
+def test_a_rollout_correction_reaches_the_step_and_the_run_says_so(tmp_path, capsys):
+    """--rollout_correction mis --rollout_correction_cap 3: the step takes them, config.json keeps them, the summary
+    line names the departure, and the record logs the ratio (1 here: fp32 on both sides) and no token above 3."""
+    run = run_in_process(tmp_path / "run", "gt", *SHORT, "--steps", "1", "--rollout_correction", "mis",
+                         "--rollout_correction_cap", "3")
+    assert run.error is None
+    assert (run.steps[0]["cfg"].rollout_correction, run.steps[0]["cfg"].rollout_correction_cap) == ("mis", 3.0)
+    saved = json.load(open(tmp_path / "run" / "config.json"))
+    assert (saved["rollout_correction"], saved["rollout_correction_cap"]) == ("mis", 3.0)
+    assert ", float32, rollout correction mis (cap 3.0); " in capsys.readouterr().out
+    record = run.step_records[0]
+    assert abs(record["sampler_ratio"] - 1) < 1e-5 and record["sampler_capped"] == 0
 
 
 def test_the_sampler_gap_warns_on_a_jump_and_stops_only_past_the_ceiling():
