@@ -1106,7 +1106,15 @@ class _SympyProcess:
 
 
 def _serve(limits):
-    """The helper process: the parent's limits, then one reply a request until stdin closes."""
+    """The helper process: the parent's limits, then one reply a request until stdin closes, or until a reply
+    finds no reader (its parent ended: killed, or stopped at once by a second signal), which ends it quietly."""
+    try:
+        _answer_requests(limits)
+    except BrokenPipeError:
+        os._exit(0)                     # at once: a normal exit would flush stdout again, and report that too
+
+
+def _answer_requests(limits):
     globals().update(limits)
 
     def progress():

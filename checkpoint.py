@@ -233,10 +233,13 @@ def disk_of(path):
 
 def prune(out, keep_last):
     """Remove all but the newest `keep_last` complete checkpoints (0: keep all), and the .partial
-    folders of killed saves."""
+    folders of killed saves. A checkpoint is renamed to .partial before it is removed, so that a
+    process killed while removing it leaves no step_S folder that is not whole."""
     found = complete(out)
     for _, path in found[:-keep_last] if keep_last else []:
-        shutil.rmtree(path)
+        if os.path.exists(path + ".partial"):               # a killed save of that step, long superseded
+            shutil.rmtree(path + ".partial")
+        os.rename(path, path + ".partial")
     root = os.path.join(out, "checkpoints")
     for name in os.listdir(root):
         if name.endswith(".partial"):

@@ -353,7 +353,7 @@ def main(argv=None):
         run.write_config(args, rank, run.disk_bytes(models, args), models.engine.weight_check_report())
         if start == 0:
             evaluate(0, models.engine, eval_set, args, device, log, rank, tokenizer)
-        signals, stopped = run.StopSignals(), False
+        signals, stopped = run.StopSignals(args.out, rank), False
         bar = tqdm(range(start + 1, args.steps + 1), disable=rank != 0, desc=args.method, initial=start,
                    total=args.steps)
         try:

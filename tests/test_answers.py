@@ -860,6 +860,15 @@ def test_the_helper_is_out_of_reach_of_the_runs_signals(running_helper):
     assert os.getsid(answers._sympy._process.pid) != os.getsid(0)
 
 
+def test_a_helper_whose_parent_is_gone_ends_quietly():
+    """A run stopped at once (a second signal) leaves a helper that is still starting: its "ready" finds no reader,
+    and it ends without a traceback on the run's console."""
+    helper = subprocess.Popen([sys.executable, "-c", answers._HELPER, os.path.dirname(answers.__file__), "{}"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    helper.stdout.close()
+    assert helper.wait(timeout=60) == 0 and helper.stderr.read() == b""
+
+
 def test_a_helper_that_died_is_replaced(running_helper):
     answers._sympy._process.kill()
     answers._sympy._process.wait()

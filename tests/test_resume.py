@@ -219,6 +219,74 @@ def test_a_preempted_run_then_a_kill_during_a_save_each_resume_to_the_uninterrup
     assert_same_run(out, uninterrupted("coreward1", 1))
 
 
+BLOCKED_IN_STEP = [os.path.join(ROOT, "tests", "train_blocked_in_step.py")]
+
+
+def stopped_twice(out, ranks):
+    """A run whose rank 0 blocks in step 3 in a C call that signals do not interrupt (tests/train_blocked_in_step.py),
+    given two SIGINTs to its process group, as a terminal's Ctrl-C twice: (its exit status, the seconds from the
+    second signal to the end of every process of the run, its console). A run that does not end within a minute
+    is killed, and counted as never."""
+    proc = start(out, ranks, "--method", "coreward1", *FLAGS, program=BLOCKED_IN_STEP, env={"BLOCKED_IN_STEP": "3"})
+    while "blocked in step 3" not in open(f"{out}.log").read():
+        assert proc.poll() is None, open(f"{out}.log").read()[-4000:]
+        time.sleep(0.05)
+    tree = process_tree(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(1)
+    assert proc.poll() is None                               # the first signal waits for the step's end
+    os.killpg(proc.pid, signal.SIGINT)
+    t0 = time.time()
+    try:
+        rc = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    while any(_state(pid) not in (None, "Z") for pid in tree) and time.time() < t0 + 60:
+        time.sleep(0.05)
+    took = time.time() - t0 if rc is not None and all(_state(pid) in (None, "Z") for pid in tree) else float("inf")
+    for pid in process_tree(proc.pid) + tree:               # what is left of a run that did not stop
+        if _state(pid) not in (None, "Z"):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    return rc, took, open(f"{out}.log").read()
+
+
+def assert_stopped_in_step_3_keeping_step_2(out, log, world):
+    """The one line, last on the console, naming step 2's checkpoint, which is whole; metrics.jsonl whole up to it."""
+    ranks = f" --ranks {world}" if world > 1 else ""
+    line = (f"a second stop signal: stopped at once; the newest complete checkpoint, "
+            f"{out}/checkpoints/step_2, is kept: continue with: python train.py --out {out} --resume{ranks}")
+    assert log.count(line) == 1 and log.rstrip().endswith(line), log[-3000:]
+    assert os.listdir(os.path.join(out, "checkpoints")) == ["step_2"] and checkpoint.is_checkpoint(checkpoint.latest(out))
+    assert logged_steps(out) == [1, 2] and open(os.path.join(out, "metrics.jsonl")).read().endswith("}\n")
+
+
+def test_a_second_signal_stops_a_run_blocked_in_a_step_at_once_and_it_resumes_to_the_uninterrupted_run(
+        tmp_path, uninterrupted):
+    """Ctrl-C twice while the run's main thread is blocked in a C call in step 3 (as in a collective, or in a long
+    operator): the first asks for the end of the step, the second stops the run at once, with status 130 and one
+    line naming the newest complete checkpoint; resumed from it, the run is the uninterrupted one."""
+    out = str(tmp_path / "stopped")
+    rc, took, log = stopped_twice(out, 1)
+    assert rc == 128 + signal.SIGINT and took < 30, (rc, took, log[-3000:])
+    assert "received SIGINT: finishing this step, then writing a checkpoint" in log
+    assert_stopped_in_step_3_keeping_step_2(out, log, 1)
+    finish(start(out, 1, "--resume"), out)
+    assert f"resumed from {out}/checkpoints/step_2 (step 2 of {STEPS})" in open(f"{out}.log").read()
+    assert_same_run(out, uninterrupted("coreward1", 1))
+
+
+def test_a_second_signal_to_the_launcher_stops_every_rank_at_once(tmp_path):
+    """--ranks 2, Ctrl-C twice: the launcher alone gets them (its workers are in sessions of their own); it sends
+    the first on, and on the second it sends SIGTERM, which stops each worker at once, rank 0 blocked in its C
+    call and rank 1 waiting for it in a collective: every process ends within seconds (not the agent's 30 s
+    shutdown timeout), the launcher with 130, and rank 0 says the one line."""
+    out = str(tmp_path / "stopped")
+    rc, took, log = stopped_twice(out, 2)
+    assert rc == 128 + signal.SIGINT and took < 20, (rc, took, log[-3000:])
+    assert_stopped_in_step_3_keeping_step_2(out, log, 2)
+
+
 # --------------------------------------------------------------------------------------------
 # What --resume refuses, before any compute
 
@@ -417,6 +485,28 @@ def test_metrics_lines_stay_whole_when_one_was_cut_before_its_newline(tmp_path):
     log = run.MetricsLog(str(path), True, resume_step=2)
     log.write({"step": 3, "reward": 0.7})
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+def test_a_process_killed_while_pruning_a_checkpoint_leaves_no_torn_one(tmp_path, monkeypatch):
+    """prune stops (as a process stopped at once by a second signal would) after removing one file of the oldest
+    checkpoint: what is left of it is no complete checkpoint, and the next prune removes it."""
+    for step in (1, 2, 3):
+        folder = tmp_path / "checkpoints" / f"step_{step}"
+        folder.mkdir(parents=True)
+        (folder / "trainer.pt").write_bytes(b"state")
+        (folder / "config.json").write_text("{}")
+    real_rmtree = shutil.rmtree
+
+    def killed_midway(path, **kwargs):
+        os.remove(os.path.join(path, "config.json"))
+        raise SystemExit("killed")
+    monkeypatch.setattr(shutil, "rmtree", killed_midway)
+    with pytest.raises(SystemExit):
+        checkpoint.prune(str(tmp_path), keep_last=2)
+    assert [step for step, _ in checkpoint.complete(str(tmp_path))] == [2, 3]
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    checkpoint.prune(str(tmp_path), keep_last=2)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_2", "step_3"]
 
 
 def test_a_checkpoint_that_cannot_be_loaded_stops_the_resume_naming_the_one_before(tmp_path, uninterrupted):
