@@ -104,6 +104,7 @@ PRESET_TABLE = [
     ("compile_layers",             False,         False),
     ("defer_grad_sync",            False,         False),
     ("cpu_kv_cache_gib",           0.25,          2.0),
+    ("hf_kv_budget_gib",           0.0,           0.0),       # 0: from the free memory (rollout.HFEngine.kv_budget)
     ("gpu_memory_utilization",     0.75,          0.75),
     # the official scripts' validation: greedy only (eval_greedy) on the 5,000 MATH test questions every 10 steps;
     # --eval_k K adds K samples per question at --eval_temperature (avg@K, maj@K)
@@ -134,7 +135,9 @@ VIEWS = ("original", "both")
 TEACHER_PROMPTS = ("same", "rephrased")
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb",
-                        "eval_samples")
+                        "eval_samples", "hf_kv_budget_gib")
+# Settings added after runs had been saved: a checkpoint's configuration without one takes its preset's value.
+ADDED_SINCE = ("hf_kv_budget_gib",)
 # Flags that say how to start this process, not what the run is: not part of its configuration.
 NOT_CONFIG = ("resume", "overwrite", "preset_reason", "backend_reason", "ranks", "given")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
@@ -222,6 +225,9 @@ FLAGS = [
                                      "samples.jsonl in --out (0: none)"),
     ("dtype", {}, "the trainer's compute dtype, and the engine's"),
     ("cpu_kv_cache_gib", dict(type=float), "vLLM's KV cache on a CPU"),
+    ("hf_kv_budget_gib", dict(type=float), "the KV cache the transformers engine (--backend hf) fills at once: a "
+                                           "step's rows go through in chunks that fit it (0: a share of the GPU's "
+                                           "free memory, or a fixed budget on a CPU: rollout.HFEngine.kv_budget)"),
     ("gpu_memory_utilization", dict(type=float), "the share of each GPU vLLM's engine takes for its weights and KV "
                                                  "cache while it samples; it sleeps while the trainer trains "
                                                  "(bench/README.md, the memory account)"),
@@ -340,6 +346,8 @@ def resume_settings(args):
                        f"it continues with --out, so that nothing beside the copy is taken for the run's")
             out = args.out
     settings = checkpoint.read_config(path)
+    for name in ADDED_SINCE:                  # a setting added since the checkpoint was written: its preset's value
+        settings.setdefault(name, PRESETS[settings["preset"]][name])
     for name in sorted(given - {"resume", "out", *NOT_CONFIG}):
         now, then = getattr(args, name), settings.get(name)
         if now == then:
@@ -367,7 +375,7 @@ def check_settings(args, world_size):
     if not args.sampler_gap_factor > 1:
         refuse(f"--sampler_gap_factor {args.sampler_gap_factor} must be above 1: the limit is this times the gap of "
                f"the run's first steps")
-    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch", "eval_k", "eval_samples"):
+    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch", "eval_k", "eval_samples", "hf_kv_budget_gib"):
         if getattr(args, name) < 0:
             refuse(f"--{name} {getattr(args, name)} must be 0 or more")
     longest = args.max_prompt_len + args.max_response_len
