@@ -107,6 +107,7 @@ PRESET_TABLE = [
     ("rollout_correction",         "none",        "none"),    # as the official code: grpo.py, ROLLOUT CORRECTION
     ("rollout_correction_cap",     2.0,           2.0),       # verl's rollout_is_threshold (TRL's cap: 3)
     ("cpu_kv_cache_gib",           0.25,          2.0),
+    ("hf_kv_budget_gib",           0.0,           0.0),       # 0: from the free memory (rollout.HFEngine.kv_budget)
     ("gpu_memory_utilization",     0.75,          0.75),
     # the official scripts' validation: greedy only (eval_greedy) on the 5,000 MATH test questions every 10 steps;
     # --eval_k K adds K samples per question at --eval_temperature (avg@K, maj@K)
@@ -138,10 +139,10 @@ DTYPES = ("float32", "bfloat16", "float16")           # --dtype: the trainer's c
 TEACHER_PROMPTS = ("same", "rephrased")
 # Settings added since runs were saved: a checkpoint's config.json from before lacks them, and its run ran as
 # these values say (resume_settings fills them in).
-ADDED_SETTINGS = {"rollout_correction": "none", "rollout_correction_cap": 2.0}
+ADDED_SETTINGS = {"rollout_correction": "none", "rollout_correction_cap": 2.0, "hf_kv_budget_gib": 0.0}
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb",
-                        "eval_samples")
+                        "eval_samples", "hf_kv_budget_gib")
 # Flags that say how to start this process, not what the run is: not part of its configuration.
 NOT_CONFIG = ("resume", "overwrite", "preset_reason", "backend_reason", "ranks", "given")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
@@ -229,6 +230,9 @@ FLAGS = [
                                      "samples.jsonl in --out (0: none)"),
     ("dtype", dict(choices=DTYPES), "the trainer's compute dtype, and the engine's"),
     ("cpu_kv_cache_gib", dict(type=float), "vLLM's KV cache on a CPU"),
+    ("hf_kv_budget_gib", dict(type=float), "the KV cache the transformers engine (--backend hf) fills at once: a "
+                                           "step's rows go through in chunks that fit it (0: a share of the GPU's "
+                                           "free memory, or a fixed budget on a CPU: rollout.HFEngine.kv_budget)"),
     ("gpu_memory_utilization", dict(type=float), "the share of each GPU vLLM's engine takes for its weights and KV "
                                                  "cache while it samples; it sleeps while the trainer trains "
                                                  "(bench/README.md, the memory account)"),
@@ -382,7 +386,7 @@ def check_settings(args, world_size):
     if not args.sampler_gap_factor > 1:
         refuse(f"--sampler_gap_factor {args.sampler_gap_factor} must be above 1: a warning comes above this times the "
                f"gap of the run's first steps")
-    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch", "eval_k", "eval_samples"):
+    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch", "eval_k", "eval_samples", "hf_kv_budget_gib"):
         if getattr(args, name) < 0:
             refuse(f"--{name} {getattr(args, name)} must be 0 or more")
     longest = args.max_prompt_len + args.max_response_len

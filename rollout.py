@@ -34,8 +34,11 @@ same streams, so that evaluations differ by the model alone, and eval.py reprodu
   trainer trains (`sleep`): its weights and KV cache give their memory to the training phase.
   It samples token ids without detokenizing them; `response_texts` decodes the responses in
   one call afterwards, to the texts vLLM's detokenizer gives.
-- `HFEngine`: transformers' `generate` on its own copy of the model, for machines without
-  vLLM (and on GPUs where vLLM is not installed). Slower, same results up to sampling noise.
+- `HFEngine`: a token at a time through transformers' model, on its own copy of the model, for
+  machines without vLLM (and on GPUs where vLLM is not installed). Slower, same results up to
+  sampling noise. A step's rows go through in chunks of whole prompts whose KV caches fit a budget
+  (--hf_kv_budget_gib, or the free memory): in one thread that changes no bit of what is
+  sampled; in several, the last bits of log-probs, as a batch's size does (`HFEngine.generate`).
 
 Both sample with plain temperature: no top-k, no top-p, no sampling defaults from the model
 folder's generation config, so that the log-probs are those of the distribution the trainer
@@ -431,8 +434,32 @@ def _parameter_layouts(worker):
     return {n: (tuple(p.shape), str(p.dtype)) for n, p in worker.model_runner.get_model().named_parameters()}
 
 
+# The transformers engine's KV budget when --hf_kv_budget_gib is 0: on a GPU, HF_KV_SHARE of the memory the device
+# and torch's cache have free when a request starts (the rest for the prompts' forward and a step's logits); on a CPU,
+# a fixed HF_CPU_KV_BUDGET_GIB, so that a CPU run chunks alike on any machine (generate on a CPU is slow long before
+# the host's memory is the limit).
+HF_KV_SHARE = 0.8
+HF_CPU_KV_BUDGET_GIB = 4.0
+# MKL's sgemm sums a row of a matrix product alike in any product of GEMM_ROWS rows or more in one thread (otherwise
+# alike only in products of 1 row, or of 2-3), and in any product of a multiple of GEMM_ROWS rows in 1 to 16 threads
+# (measured; tests/test_rollout.py). The prompts' forward computes the logits of their last GEMM_ROWS positions
+# (transformers' logits_to_keep; not the [P, width, V] logits of every position) and uses the last: a product of
+# GEMM_ROWS x P rows, which gives the bits of the product of every position's.
+GEMM_ROWS = 4
+
+
+def kv_bytes_per_token(config, dtype):
+    """K and V of one token in every layer: layers x KV heads x head_dim x 2 x the dtype's bytes."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return config.num_hidden_layers * heads * head_dim * 2 * dtype.itemsize
+
+
 class HFEngine:
-    def __init__(self, model_dir, max_prompt_len, max_response_len, dtype="float32", device=None):
+    """transformers' model, sampled a token at a time (`generate`), with a KV budget: the rows of a request go
+    through in chunks of whole prompts whose caches, grown to the longest response, fit kv_budget_gib (0: derived
+    from the free memory when a request starts: HF_KV_SHARE, HF_CPU_KV_BUDGET_GIB)."""
+    def __init__(self, model_dir, max_prompt_len, max_response_len, dtype="float32", device=None, kv_budget_gib=0.0):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.max_prompt_len = max_prompt_len
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -443,16 +470,65 @@ class HFEngine:
         self.ends = torch.tensor(end_tokens(model_dir, self.tokenizer), device=self.device)
         eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
+        self.kv_budget_gib = kv_budget_gib
+        self.token_bytes = kv_bytes_per_token(self.model.config, self.dtype)
+
+    def kv_budget(self):
+        """The bytes of KV cache a chunk may take: --hf_kv_budget_gib, or HF_KV_SHARE of what is free on the
+        device (torch's cached free blocks included), or HF_CPU_KV_BUDGET_GIB on a CPU."""
+        if self.kv_budget_gib:
+            return self.kv_budget_gib * 2**30
+        if torch.device(self.device).type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            return HF_KV_SHARE * (free + cached)
+        return HF_CPU_KV_BUDGET_GIB * 2**30
+
+    def prompts_per_chunk(self, n, width, max_tokens):
+        """How many prompts' n rows, at `width` prompt tokens and `max_tokens` response tokens each, fit the KV
+        budget; a request one prompt of which does not fit is refused."""
+        one = n * (width + max_tokens) * self.token_bytes
+        budget = self.kv_budget()
+        if one > budget:
+            raise ValueError(f"one prompt's {n} responses need {one / 2**30:.2f} GiB of KV cache ({n} x {width} + "
+                             f"{max_tokens} tokens x {self.token_bytes / 1024:.0f} KiB), over the transformers "
+                             f"engine's budget of {budget / 2**30:.2f} GiB: raise --hf_kv_budget_gib if the memory "
+                             f"is there, or lower --group_size, --max_prompt_len or --max_response_len")
+        return int(budget // one)
 
     @torch.no_grad()
     def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
-        """Every row of every request in one batch: the prompts left-padded to the longest, each run once
-        and its KV cache repeated for its n rows, then decoded a token at a time. A row that ends leaves the
-        batch (its cache rows too), so that the batch shrinks as the responses end. A sampled row draws from
-        its own stream (seed + i, as vLLM's children), all max_tokens uniforms at once, and takes its token by
-        the inverse of its distribution's CDF: what a row samples depends on its seed alone, not on the batch."""
+        """The request in chunks of whole prompts that fit the KV budget (`prompts_per_chunk`), each as
+        `generate_chunk`. A row draws from its own stream (seed + i) in any chunk, and every chunk is padded to the
+        request's longest prompt, so that a row has the positions, mask and shapes it has in one batch. What differs
+        is how many rows a batch has, and on a CPU that changes the last bits: MKL's sgemm sums a row alike in any
+        product of GEMM_ROWS rows or more, otherwise only in products of 1 row or of 2-3, so a chunk whose batch
+        would shrink below GEMM_ROWS keeps riders (`generate_chunk`). Then in one thread a row's tokens and
+        log-probs are those of the unchunked request bit for bit, up to the step where fewer than GEMM_ROWS rows of
+        the whole request still sample (which the unchunked batch computes in a product of 1-3 rows). In several
+        threads the CPU's kernels (the attention, sgemm) also share a batch out among the threads by its size: a
+        row's log-probs move in their last bits with the batch (as they do in one batch as its rows end), and where
+        a distribution is nearly flat (a random model at the real vocabulary: bench/hf_engine.py) a token may come
+        out otherwise. On a GPU, the kernels' arithmetic depends on the batch too. tests/test_rollout.py checks the
+        CPU's one and two threads."""
         check_request(prompt_ids, n, temperature, seeds, self.max_prompt_len)
         width = max(map(len, prompt_ids))
+        chunk = self.prompts_per_chunk(n, width, max_tokens)
+        groups = []
+        for begin in range(0, len(prompt_ids), chunk):
+            groups += self.generate_chunk(prompt_ids[begin:begin + chunk], n, temperature, max_tokens,
+                                          None if seeds is None else seeds[begin:begin + chunk], width,
+                                          floor=GEMM_ROWS if chunk < len(prompt_ids) else 0)
+        return groups
+
+    def generate_chunk(self, prompt_ids, n, temperature, max_tokens, seeds, width, floor=0):
+        """Every row of these prompts in one batch: the prompts left-padded to `width`, each run once (its
+        logits kept for its last GEMM_ROWS positions only) and its KV cache repeated for its n rows, then decoded a
+        token at a time. A row that ends leaves the batch (its cache rows too), so that the batch shrinks as the
+        responses end; but with `floor`, ended rows ride along (their tokens are cut off after their end) while
+        fewer than `floor` rows still sample. A sampled row draws from its own stream (seed + i, as vLLM's
+        children), all max_tokens uniforms at once, and takes its token by the inverse of its distribution's CDF:
+        what a row samples depends on its seed, not on the batch (up to the last bits: `generate`)."""
         rows = [[self.pad] * (width - len(p)) + list(p) for p in prompt_ids for _ in range(n)]        # [R = P*n]
         attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids for _ in range(n)],
                             device=self.device)                                                   # [R, width]
@@ -461,11 +537,12 @@ class HFEngine:
                        dtype=torch.float64) for seed in seeds for i in range(n)])                # [R, max_tokens]
         out_ids = torch.full((len(rows), max_tokens), self.pad, device=self.device)              # [R, max_tokens]
         out_lps = torch.zeros(len(rows), max_tokens, device=self.device)
-        live = torch.arange(len(rows), device=self.device)         # the rows still sampling, in the batch's order
+        live = torch.arange(len(rows), device=self.device)         # the rows in the batch, in the batch's order
+        sampling = torch.ones(len(rows), dtype=torch.bool, device=self.device)    # [batch]: False for a rider
         # the prompts' forward once per prompt, its cache and last logits then repeated for the prompt's n rows
         step_pos = (attn.cumsum(-1) - 1).clamp(min=0)
         res = self.model(input_ids=torch.tensor(rows[::n], device=self.device), attention_mask=attn[::n],
-                         position_ids=step_pos[::n], use_cache=True)
+                         position_ids=step_pos[::n], use_cache=True, logits_to_keep=GEMM_ROWS)
         past, logits = res.past_key_values, res.logits[:, -1].float().repeat_interleave(n, 0)         # [R, V]
         past.batch_repeat_interleave(n)
         for t in range(max_tokens):
@@ -480,13 +557,19 @@ class HFEngine:
                 token = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
             else:
                 token = logits.argmax(-1)
-            out_ids[live, t], out_lps[live, t] = token, logp.gather(-1, token[:, None]).squeeze(-1)
-            going = ~torch.isin(token, self.ends)
-            if not going.any():
+            out_ids[live, t], out_lps[live, t] = token, logp.gather(-1, token[:, None]).squeeze(-1)   # a rider's
+            sampling &= ~torch.isin(token, self.ends)                   # are after its end token: cut off below
+            if not sampling.any():
                 break
-            if not going.all():                          # the ended rows leave the batch, and their cache rows
-                staying = going.nonzero().squeeze(-1)
+            keep = sampling.clone()                      # the rows that end leave the batch, and their cache rows,
+                                                         # but for riders up to `floor` rows
+            riders = min(floor, len(keep)) - int(sampling.sum())
+            if riders > 0:
+                keep[(~sampling).nonzero().squeeze(-1)[:riders]] = True
+            if not keep.all():
+                staying = keep.nonzero().squeeze(-1)
                 live, token, attn, step_pos = live[staying], token[staying], attn[staying], step_pos[staying]
+                sampling = sampling[staying]
                 past.batch_select_indices(staying)
             step_ids = token[:, None]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)
@@ -530,10 +613,10 @@ class HFEngine:
 
 
 def make_engine(backend, model_dir, max_prompt_len, max_response_len, dtype="float32", cpu_kv_cache_gib=1.0,
-                gpu_memory_utilization=0.3):
+                gpu_memory_utilization=0.3, hf_kv_budget_gib=0.0):
     """The one switch point between rollout backends."""
     if backend == "vllm":
         return VLLMEngine(model_dir, max_prompt_len, max_response_len, dtype, gpu_memory_utilization, cpu_kv_cache_gib)
     if backend == "hf":
-        return HFEngine(model_dir, max_prompt_len, max_response_len, dtype)
+        return HFEngine(model_dir, max_prompt_len, max_response_len, dtype, kv_budget_gib=hf_kv_budget_gib)
     raise ValueError(f"unknown rollout backend {backend!r}; choose 'vllm' or 'hf'")

@@ -238,7 +238,8 @@ def build_models(args, model_dir, device, pad_id):
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(args.steps, args.warmup_ratio))
     engine = make_engine(args.backend, model_dir, args.max_prompt_len, args.max_response_len, dtype=args.dtype,
-                         cpu_kv_cache_gib=args.cpu_kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization)
+                         cpu_kv_cache_gib=args.cpu_kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
+                         hf_kv_budget_gib=args.hf_kv_budget_gib)
     return Models(policy, ref, teacher, optimizer, scheduler, engine, pad_id)
 
 

@@ -355,6 +355,18 @@ def test_flags_that_may_change_are_taken_and_printed(saved_run, capsys):
     assert "resume: --eval_every changes from 20 to 5" in capsys.readouterr().out
 
 
+def test_a_checkpoint_from_before_a_setting_was_added_resumes_with_its_presets_value(saved_run):
+    """A run saved before --hf_kv_budget_gib existed: its configuration lacks it, and the resume takes the preset's
+    value (0: from the free memory), or the one given, which may differ."""
+    out, saved = saved_run
+    ckpt = out / "checkpoints" / "step_2" / "config.json"
+    ckpt.write_text(json.dumps({k: v for k, v in saved.items() if k not in config.ADDED_SINCE}))
+    args, _ = _resume(["--resume", "--out", str(out)])
+    assert args.hf_kv_budget_gib == config.PRESETS["classroom"]["hf_kv_budget_gib"] == 0.0
+    args, _ = _resume(["--resume", "--out", str(out), "--hf_kv_budget_gib", "2"])
+    assert args.hf_kv_budget_gib == 2.0
+
+
 def test_resume_finds_its_run_from_the_method_or_the_path(saved_run, monkeypatch):
     out, _ = saved_run
     path = str(out / "checkpoints" / "step_2")

@@ -139,6 +139,77 @@ def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, ba
             [whole[5], whole[0]]
 
 
+def test_kv_bytes_per_token_by_hand():
+    """Qwen3-4B in bf16: 36 layers x 8 KV heads x 128 x (K, V) x 2 bytes; the classroom model in fp32: 4 x 2 x 32 x
+    2 x 4."""
+    from transformers import Qwen3Config
+    from rollout import kv_bytes_per_token
+    qwen3_4b = Qwen3Config(vocab_size=151_936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                           num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+    assert kv_bytes_per_token(qwen3_4b, torch.bfloat16) == 147_456
+    assert kv_bytes_per_token(world.model_config(1000), torch.float32) == 2048
+
+
+def test_the_prompts_last_logits_are_those_of_the_whole_forward(tiny_model_dir):
+    """HFEngine keeps the logits of the prompts' last GEMM_ROWS positions only: the last one's are, bit for bit,
+    those of the forward that computes every position's, whatever the number of prompts. Keeping 1 position, a
+    forward of 1-3 prompts sums the output layer otherwise (the premise of GEMM_ROWS: MKL's sgemm)."""
+    from transformers import AutoModelForCausalLM
+    from rollout import GEMM_ROWS
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    ids = torch.randint(1, 1000, (5, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for prompts in range(1, 6):
+            whole = model(input_ids=ids[:prompts]).logits[:, -1]
+            assert torch.equal(model(input_ids=ids[:prompts], logits_to_keep=GEMM_ROWS).logits[:, -1], whole)
+        assert not all(torch.equal(model(input_ids=ids[:p], logits_to_keep=1).logits[:, -1],
+                                   model(input_ids=ids[:p]).logits[:, -1]) for p in (1, 2, 3))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_request_in_chunks_samples_what_it_samples_in_one_batch(threads):
+    """The classroom's step-1 request (16 prompts x G=8 x 48 tokens) with a KV budget of 1 prompt's rows, then of 3.
+    In one thread, every token and log-prob is that of the request in one batch, bit for bit, up to the step where
+    fewer than GEMM_ROWS of its 128 rows still sample (if it comes: the one batch computes those in a product of 1-3
+    rows, the chunks with riders); the rows that end before it are the same whole. Most responses end early, so
+    each chunk's batch shrinks to its riders (HFEngine.generate_chunk) long before the whole request's does. In two
+    threads, the CPU kernels (MKL's sgemm, the attention) split a batch by its size, and a row's log-probs differ
+    in the last bits: the tokens are the same."""
+    import data
+    from rollout import GEMM_ROWS
+    engine = make_engine("hf", world.base_model_dir(), max_prompt_len=64, max_response_len=48)
+    encode = data.prompt_encoder(engine.tokenizer, classroom=True)
+    prompts = [encode(pair.original) for pair in data.classroom_pairs("train")[:16]]
+    seeds = [request_seed(0, "policy", 1, i) for i in range(16)]
+    one_prompt = 8 * (max(map(len, prompts)) + 48) * engine.token_bytes
+    flat = lambda groups: [(s.token_ids, s.logprobs, s.text, s.finished) for g in groups for s in g]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        whole = flat(engine.generate(prompts, 8, 1.0, 48, seeds=seeds))
+        sampling = [sum(len(ids) > t for ids, *_ in whole) for t in range(48)]       # the rows sampling token t
+        tail = next((t for t in range(48) if sampling[t] < GEMM_ROWS), 48)
+        assert sampling[24] < 8 * 16 / 4                                             # most have ended by token 24
+        for chunk in (1, 3):
+            engine.kv_budget_gib = (chunk + 0.5) * one_prompt / 2**30
+            assert engine.prompts_per_chunk(8, max(map(len, prompts)), 48) == chunk
+            chunked = flat(engine.generate(prompts, 8, 1.0, 48, seeds=seeds))
+            assert [(ids, text, finished) for ids, _, text, finished in chunked] == \
+                [(ids, text, finished) for ids, _, text, finished in whole]
+            if threads == 1:
+                assert [lps[:tail] for _, lps, *_ in chunked] == [lps[:tail] for _, lps, *_ in whole], chunk
+                assert [c for c, w in zip(chunked, whole) if len(w[0]) <= tail] == \
+                    [w for w in whole if len(w[0]) <= tail]
+            else:
+                assert max(abs(a - b) for c, w in zip(chunked, whole) for a, b in zip(c[1], w[1])) < 1e-5
+    finally:
+        torch.set_num_threads(before)
+    engine.kv_budget_gib = 0.5 * one_prompt / 2**30
+    with pytest.raises(ValueError, match=r"one prompt's 8 responses need .* GiB of KV cache .* over the transformers "
+                                         r"engine's budget of .* GiB: raise --hf_kv_budget_gib"):
+        engine.generate(prompts, 8, 1.0, 48, seeds=seeds)
+
+
 @pytest.mark.vllm
 def test_seeded_prompts_longer_than_one_scheduler_step(tiny_model_dir):
     """16 prompts of 200 tokens overflow vLLM's per-step token budget (2048), so a prompt may be
