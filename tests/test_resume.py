@@ -360,7 +360,7 @@ def test_a_checkpoint_from_before_a_setting_was_added_resumes_with_its_presets_v
     value (0: from the free memory), or the one given, which may differ."""
     out, saved = saved_run
     ckpt = out / "checkpoints" / "step_2" / "config.json"
-    ckpt.write_text(json.dumps({k: v for k, v in saved.items() if k not in config.ADDED_SINCE}))
+    ckpt.write_text(json.dumps({k: v for k, v in saved.items() if k not in config.ADDED_SETTINGS}))
     args, _ = _resume(["--resume", "--out", str(out)])
     assert args.hf_kv_budget_gib == config.PRESETS["classroom"]["hf_kv_budget_gib"] == 0.0
     args, _ = _resume(["--resume", "--out", str(out), "--hf_kv_budget_gib", "2"])
