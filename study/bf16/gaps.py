@@ -14,6 +14,7 @@ The runs: the healthy ones, study/bf16/*/runs/* (study/study.py's layout), and t
 study/bf16/faults/* (study/bf16/faults.py: an engine that skips its loads or leaves layer 0 out), whose row
 adds how far the engine's layer 0 had drifted from the trainer's bf16 cast at the last step, where measured.
 """
+import argparse
 import glob
 import json
 import os
@@ -88,7 +89,8 @@ def figure(found, path):
     plt.close(fig)
 
 
-def main():
+def main(argv=None):
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     found = runs(os.path.join("*", "runs", "*")) + runs(os.path.join("faults", "*"))
     open(os.path.join(HERE, "gaps.md"), "w").write(table(found))
     figure(found, os.path.join(HERE, "gaps.png"))
