@@ -37,7 +37,10 @@ Policies:
    equation (it is not the expression `2x+1`).  Equal normal forms are equal.
 2. Structure: `\{..\}`, outer braces `{..}` (invisible in LaTeX, so `{1, 2}`
    is the list `1, 2`) and bare comma lists are unordered sets, `a \pm b` is
-   the set {a+b, a-b}, `\cup` joins sets, brackets with commas are tuples or
+   the set {a+b, a-b}, `\cup` joins sets (`\{1,2\}\cup\{3\}` is `\{1,2,3\}`; a
+   union of intervals is the set of its intervals), the word `or` separates
+   alternatives as a comma does (`x = 2 \text{ or } x = 3` is `x=2, x=3`, the
+   set {2, 3}), brackets with commas are tuples or
    intervals (order and both bracket kinds must match), `pmatrix` is a matrix
    (a trailing `\\` adds no row).  Parts are compared recursively with this
    same procedure.
@@ -75,7 +78,7 @@ non-constant (`y = \frac1x` against `xy = 1`); an inequality against an
 interval or another form of the same solution set (`x < 5` against
 `(-\infty, 5)`, `x^2 < 4` against `-2 < x < 2`); relations without a
 variable (`\sqrt2 < 1.5`), chains of equalities with words or lists in them
-(`x = 2 \text{ or } x = 3`) and chains of more than MAX_PARTS links, compared
+(`x = 1 = y \text{ and } z`) and chains of more than MAX_PARTS links, compared
 as text; a sum against its closed form (`\sum_{k=1}^{n} k` against
 `\frac{n(n+1)}{2}`), with its variable renamed, or with a factor moved out of
 it; base-n numbers (`4210_{5}`) and double factorials (`5!!`), compared as
@@ -482,7 +485,10 @@ def _structure(s):
         return f"matrix{len(rows)}x{len(rows[0])}", [x for row in rows for x in row]
     unions = _split_top_level(s, "\\cup")
     if len(unions) > 1:
-        return "set", unions
+        return "set", _union_members(unions)
+    alternatives = _split_top_level(s, _ALTERNATIVE)  # x=2 or x=3: the set {2, 3}, as the list x=2, x=3
+    if len(alternatives) > 1 and all(alternatives):
+        return "set", alternatives
     if s.startswith("\\{") and s.endswith("\\}") and _encloses(s[1:]):
         return "set", _expand_pm(_split_top_level(s[2:-2], ","))
     if s[0] == "{" and _encloses(s):  # outer braces are invisible: {1, 2} is the list 1, 2
@@ -499,21 +505,38 @@ def _structure(s):
     return "atom", [s]
 
 
+_ALTERNATIVE = re.compile(r" ?(?<![A-Za-z\\])or(?![A-Za-z]) ?")  # the word `or` (normal forms keep a space by a letter)
+
+
 def _split_top_level(s, separator):
-    """Split s at separators that are not inside any brackets."""
+    """Split s at separators (a string, or a compiled pattern) that are not inside any brackets."""
     parts, depth, start, i = [], 0, 0, 0
     while i < len(s):
         if s[i] in "([{":
             depth += 1
         elif s[i] in ")]}":
             depth -= 1
-        elif depth == 0 and s.startswith(separator, i):
-            parts.append(s[start:i])
-            start = i + len(separator)
-            i = start
-            continue
+        elif depth == 0:
+            end = (i + len(separator) if s.startswith(separator, i) else None) if isinstance(separator, str) else \
+                (lambda m: m and m.end())(separator.match(s, i))
+            if end:
+                parts.append(s[start:i])
+                start = i = end
+                continue
         i += 1
     return parts + [s[start:]]
+
+
+def _union_members(parts):
+    """The members of a union of sets: `\\{1,2\\}\\cup\\{2,3\\}` has 1, 2 and 3; a part that is not a set (an
+    interval) is one member."""
+    members = []
+    for part in parts:
+        kind, items = _structure(part)
+        for item in items if kind == "set" else [part]:
+            if not any(is_equiv(item, member) for member in members):
+                members.append(item)
+    return members
 
 
 def _encloses(s):

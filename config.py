@@ -140,6 +140,13 @@ TEACHER_PROMPTS = ("same", "rephrased")
 # Settings added since runs were saved: a checkpoint's config.json from before lacks them, and its run ran as
 # these values say (resume_settings fills them in).
 ADDED_SETTINGS = {"rollout_correction": "none", "rollout_correction_cap": 2.0, "hf_kv_budget_gib": 0.0}
+# Methods renamed when `coreward3` became the authors' Co-rewarding-III: (the name a run was saved under, the
+# --teacher_prompts its runs saved, the name of that method now). A resume of such a run, or --method with a name that
+# is no longer one, is refused with the new name (`renamed`).
+RENAMED_METHODS = [
+    ("coreward3_both", "same",      "coreward3"),
+    ("coreward3",      "rephrased", "coreward2_rephrased"),
+]
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb",
                         "eval_samples", "hf_kv_budget_gib")
@@ -183,9 +190,23 @@ def values_of(name):
     return " [" + "; ".join(shown) + "]"
 
 
+def renamed(method, teacher_prompts=None):
+    """The name a method has now, of a run saved under its old name (teacher_prompts: the run's), or None."""
+    return next((new for old, prompts, new in RENAMED_METHODS if method == old and teacher_prompts in (prompts, None)),
+                None)
+
+
+def method_name(name):
+    """--method's type: a name that is no longer a method's is refused with the method's name now."""
+    if name not in METHODS and renamed(name):
+        raise argparse.ArgumentTypeError(f"{name} is now called {renamed(name)}; a run saved under the old name resumes "
+                                         f"with --resume --out ITS_FOLDER --method {renamed(name)}")
+    return name
+
+
 # Every flag: (name, argparse options, help). values_of adds to each help the flag's values.
 FLAGS = [
-    ("method", dict(choices=METHODS), "required, unless given by --resume's checkpoint"),
+    ("method", dict(choices=METHODS, type=method_name), "required, unless given by --resume's checkpoint"),
     ("model", {}, "a Hugging Face model folder, or a hub id (org/name) (default: the classroom base model)"),
     ("preset", dict(choices=list(PRESETS)), "default: classroom without --model, else official"),
     ("data", {}, "'classroom', openrs, math, dapo, amc_ttt, a parquet of pairs, or a hub dataset id; with --views "
@@ -356,6 +377,13 @@ def resume_settings(args):
                        f"it continues with --out, so that nothing beside the copy is taken for the run's")
             out = args.out
     settings = {**ADDED_SETTINGS, **checkpoint.read_config(path)}
+    new = renamed(settings["method"], settings["teacher_prompts"])
+    if new and args.method != new:
+        refuse(f"--resume {path}: its run trained --method {settings['method']}, which is now called {new}; add "
+               f"--method {new} to continue it under that name")
+    if new:
+        print(f"resume: --method {settings['method']} is now called {new}")
+        settings["method"] = new
     for name in sorted(given - {"resume", "out", *NOT_CONFIG}):
         now, then = getattr(args, name), settings.get(name)
         if now == then:

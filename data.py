@@ -159,7 +159,7 @@ def load_training(source, views):
     if views == "both" and any(p.rephrased is None for p in pairs):
         raise InputError(f"--data {source} has no rephrased questions, and --views both samples each question's "
                          f"rephrasing too: give a pair file (columns {list(PAIR_COLUMNS)}; tools/rephrase.py makes "
-                         f"one), or --views original (not for coreward1/coreward3, which need the twins)")
+                         f"one), or --views original (not for coreward1 or coreward3, which need the twins)")
     return pairs, test_time
 
 

@@ -14,10 +14,11 @@ label source, LABEL_SOURCES):
     teacher's vote             G responses of the EMA teacher (teacher.py) to the prompts it
                                answers: the policy's own (Co-rewarding-II, `coreward2`), or their
                                rephrasings, so that the policy samples and trains on the original
-                               questions only (`coreward3`: the two combined, as the official
-                               Co-rewarding-II code does with data.use_aug=True)
+                               questions only (`coreward2_rephrased`: the official Co-rewarding-II
+                               code run with data.use_aug=True)
     teacher's other-view vote  the teacher answers both views, and its vote on each group's other
-                               view labels it (`coreward3_both`, this project's variant)
+                               view labels it (Co-rewarding-III, `coreward3`, as the authors'
+                               Co-rewarding-III/ code does)
 
 Two baselines need no answer at all (label source none): their reward is a response's mean over
 its tokens of a value of the policy's token distribution there (grpo.score_responses):
@@ -30,14 +31,16 @@ run samples both views (`--views both`: the methods labelled by the other view a
 others on request), [P, 2P) their rephrasings, so group i's twin is `twin(i) = (i + P) mod 2P`.
 The other methods train on the original questions only by default, as the official scripts do;
 with both views they treat the two as independent questions. The teacher's groups come in the
-same order as the prompts it answered: for coreward3 group i of the teacher answered the
+same order as the prompts it answered: for coreward2_rephrased group i of the teacher answered the
 rephrasing of the policy's group i.
 
 A new reward is one function beside `agreement` (answers, labels, voters -> rewards) or beside
 `self_certainty` (log-probs over the vocabulary -> a value per token), and one row of the table.
 
 Departure from the official code: answers are compared and voted on as mathematics
-(answers.py), not as raw strings, so "\\frac12", "0.5" and "1/2" are one answer.
+(answers.py), not as raw strings, so "\\frac12", "0.5" and "1/2" are one answer. The official
+reward managers vote on the strings and give 1 to a response whose string equals the label
+(Co-rewarding-III's strips the label, not the answer); an empty \\boxed{} is no answer in both.
 """
 import dataclasses
 import math
@@ -129,16 +132,16 @@ class Method:
 
 
 # One row a method. `python train.py --help` lists them; README.md's list of methods is this table.
-#  method            label source                 views       teacher      KL anchor  β      reward
+#  method                 label source                 views       teacher      KL anchor  β      reward
 METHOD_TABLE = [
-    ("gt",             "gold",                      "original", None,        "start",   None,  agreement),
-    ("majority",       "own vote",                  "original", None,        "start",   None,  agreement),
-    ("coreward1",      "other view's vote",         "both",     None,        "start",   None,  agreement),
-    ("coreward2",      "teacher's vote",            "original", "same",      "teacher", 0.001, agreement),
-    ("coreward3",      "teacher's vote",            "original", "rephrased", "teacher", 0.001, agreement),
-    ("coreward3_both", "teacher's other-view vote", "both",     "same",      "teacher", 0.001, agreement),
-    ("self_certainty", None,                        "original", None,        "start",   None,  self_certainty),
-    ("entropy",        None,                        "original", None,        "start",   None,  negative_entropy),
+    ("gt",                  "gold",                      "original", None,        "start",   None,  agreement),
+    ("majority",            "own vote",                  "original", None,        "start",   None,  agreement),
+    ("coreward1",           "other view's vote",         "both",     None,        "start",   None,  agreement),
+    ("coreward2",           "teacher's vote",            "original", "same",      "teacher", 0.001, agreement),
+    ("coreward3",           "teacher's other-view vote", "both",     "same",      "teacher", 0.001, agreement),
+    ("coreward2_rephrased", "teacher's vote",            "original", "rephrased", "teacher", 0.001, agreement),
+    ("self_certainty",      None,                        "original", None,        "start",   None,  self_certainty),
+    ("entropy",             None,                        "original", None,        "start",   None,  negative_entropy),
 ]
 METHODS = {name: Method(name, *facts) for name, *facts in METHOD_TABLE}
 
@@ -165,7 +168,7 @@ def label_groups(method, answers, ground_truth, teacher_answers=None):
       (the two-view methods: always) their rephrasings.
     ground_truth: [groups] gold answers (the label of `gt`, and the metrics of every method).
     teacher_answers: [groups][G] the teacher's answers, group for group (methods with a teacher's vote): to the
-      same prompts, or for coreward3 to their rephrasings.
+      same prompts, or for coreward2_rephrased to their rephrasings.
 
     A vote's label is the largest class of equal answers (answers.majority_vote): a tie goes to the class
     whose first member came first, and a plurality of one labels, so that a group of G different answers

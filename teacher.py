@@ -1,4 +1,4 @@
-"""The EMA teacher of Co-rewarding-II (and of coreward3).
+"""The EMA teacher of Co-rewarding-II and -III (coreward2, coreward3, coreward2_rephrased).
 
 The teacher has the policy's architecture and sharding and starts as a copy of it. After every
 optimizer step it moves a little towards the policy,

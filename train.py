@@ -1,4 +1,4 @@
-"""Label-free GRPO for math reasoning: Co-rewarding-I and -II, and their baselines.
+"""Label-free GRPO for math reasoning: Co-rewarding-I, -II and -III, and their baselines.
 
     python train.py --method coreward1                       # the classroom world, a few minutes on a CPU
     python train.py --ranks 2 --method majority              # each rank samples and trains its share
@@ -6,7 +6,7 @@
 
 One step (`training_step`):
 1. take P questions; each rank takes P / world_size of them. The two-view methods (coreward1,
-   coreward3_both) take each with its rephrasing q' (`--views both`, the only choice for them);
+   coreward3) take each with its rephrasing q' (`--views both`, the only choice for them);
    every other method trains on the original questions only (`--views original`, its default),
    as the official scripts do, and `--views both` gives it the twins as two independent questions;
 2. sample G responses to each question (and view) with the rollout engine (rollout.py);
@@ -14,9 +14,10 @@ One step (`training_step`):
    METHOD_TABLE: who votes, what the teacher answers, the KL anchor, the reward); for coreward1
    the majority answer over the q' responses labels the q responses and vice versa; for coreward2
    the EMA teacher (teacher.py) samples G responses per question too and its majority is the
-   label; for coreward3 the teacher answers the rephrasings instead (`--teacher_prompts
-   rephrased`); the answer-free baselines (self_certainty, entropy) score responses by the
-   policy's token distributions instead;
+   label; for coreward3 (Co-rewarding-III) the teacher answers both views and its vote on each
+   question's other view is the label; for coreward2_rephrased it answers the rephrasings while
+   the policy trains on the originals (`--teacher_prompts rephrased`); the answer-free baselines
+   (self_certainty, entropy) score responses by the policy's token distributions instead;
 4. normalise the rewards within each group into advantages, and take the clipped-GRPO update(s)
    with a k3 KL penalty to the frozen start model, or to the teacher for the teacher methods
    (grpo.py); a two-view method's loss is J(q) + J(q'), one token mean per view;
@@ -125,7 +126,7 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
     teacher_answers = None
     if models.teacher is not None:
         # the engine now serves the teacher, until the updated policy is loaded after the step;
-        # coreward3's teacher answers the rephrasings of the policy's questions
+        # coreward2_rephrased's teacher answers the rephrasings of the policy's questions
         teacher_views = (1,) if args.teacher_prompts == "rephrased" else views
         teacher_groups = teacher_rollout(models.engine, models.teacher, prompts(teacher_views),
                                          seeds("teacher", teacher_views), args.group_size, args.temperature,

@@ -277,11 +277,28 @@ FACTORIALS_AND_BINOMIALS = [
     ("5!!", "15", False),  # limit: a double factorial is not read (compared as text)
 ]
 
+UNIONS_AND_ALTERNATIVES = [
+    ("\\{1,2\\}\\cup\\{3\\}", "\\{1,2,3\\}", True),        # a union of sets has their members
+    ("\\{1,2\\}\\cup\\{2,3\\}", "\\{3,2,1\\}", True),       # ... each once
+    ("x=2, x=3", "x = 2 \\text{ or } x = 3", True),          # `or` separates alternatives, as a comma does
+    ("2 \\text{ or } 3", "3, 2", True), ("x = -1 \\text{ or } x = 4", "\\{4, -1\\}", True),
+    ("(-\\infty, 2) \\cup (3, \\infty)", "(3,\\infty)\\cup(-\\infty,2)", True),
+    ("\\{1,2\\}\\cup\\{4\\}", "\\{1,2,3\\}", False), ("\\{1,2\\}\\cup\\{3\\}", "\\{1,2\\}", False),
+    ("x=2, x=3", "x = 2 \\text{ or } x = 4", False), ("x = 2 \\text{ or } x = 3", "x = 2 \\text{ and } x = 3", False),
+    ("x = 2 \\text{ or } x = 3", "2", False), ("(-\\infty, 2) \\cup (3, \\infty)", "\\{2, 3\\}", False),
+    ("\\text{color}", "\\text{col}, \\text{r}", False),         # `or` inside a word separates nothing
+]
+
 BEHAVIOURS = {"mixed_numbers": MIXED_NUMBERS, "commas": COMMAS, "percent_words": PERCENT_WORDS,
               "inequalities": INEQUALITIES, "equations": EQUATIONS, "chained_equalities": CHAINED_EQUALITIES,
               "matrices": MATRICES, "units_and_punctuation": UNITS_AND_PUNCTUATION,
               "outer_braces": OUTER_BRACES, "subscripts_and_sums": SUBSCRIPTS_AND_SUMS,
-              "factorials_and_binomials": FACTORIALS_AND_BINOMIALS}
+              "factorials_and_binomials": FACTORIALS_AND_BINOMIALS, "unions_and_alternatives": UNIONS_AND_ALTERNATIVES}
+
+
+@pytest.mark.parametrize("a, b, equal", UNIONS_AND_ALTERNATIVES)
+def test_unions_of_sets_and_alternatives_joined_by_or(a, b, equal):
+    assert_verdict(a, b, equal)
 
 
 @pytest.mark.parametrize("a, b, equal", MIXED_NUMBERS)

@@ -367,6 +367,30 @@ def test_a_checkpoint_from_before_a_setting_was_added_resumes_with_its_presets_v
     assert args.hf_kv_budget_gib == 2.0
 
 
+@pytest.mark.parametrize("old, teacher_prompts, views, new", [
+    ("coreward3_both", "same", "both", "coreward3"),                    # the authors' Co-rewarding-III, renamed
+    ("coreward3", "rephrased", "original", "coreward2_rephrased"),       # the older combined path, renamed
+])
+def test_a_run_saved_under_a_methods_old_name_is_refused_with_its_new_name(saved_run, capsys, old, teacher_prompts,
+                                                                           views, new):
+    out, saved = saved_run
+    ckpt = out / "checkpoints" / "step_2" / "config.json"
+    ckpt.write_text(json.dumps({**saved, "method": old, "teacher_prompts": teacher_prompts, "views": views,
+                                "kl_coef": 0.001}))
+    with pytest.raises(ValueError, match=f"trained --method {old}, which is now called {new}; add --method {new} "):
+        _resume(["--resume", "--out", str(out)])
+    args, _ = _resume(["--resume", "--out", str(out), "--method", new])
+    assert (args.method, args.teacher_prompts, args.views) == (new, teacher_prompts, views)
+    assert f"--method {old} is now called {new}" in capsys.readouterr().out
+
+
+def test_a_method_name_that_is_no_longer_one_is_refused_with_the_new_name(capsys):
+    with pytest.raises(SystemExit):
+        config.parse_args(["--method", "coreward3_both"])
+    assert "argument --method: coreward3_both is now called coreward3;" in capsys.readouterr().err
+    assert config.parse_args(["--method", "coreward3"]).teacher_prompts == "same"      # the current coreward3
+
+
 def test_resume_finds_its_run_from_the_method_or_the_path(saved_run, monkeypatch):
     out, _ = saved_run
     path = str(out / "checkpoints" / "step_2")

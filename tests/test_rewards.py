@@ -91,14 +91,14 @@ def test_common_answer_share_by_hand():
 
 def test_label_groups_gives_each_group_its_voters():
     """The answers that voted for each label: the other view's (coreward1), the group's own (majority), the
-    ground truth alone (gt), the teacher's on the other view (coreward3_both)."""
+    ground truth alone (gt), the teacher's on the other view (coreward3)."""
     from rewards import label_groups
     assert label_groups("coreward1", ANSWERS, GOLD) == (["5", "7", "3", "8"], [ANSWERS[2], ANSWERS[3], ANSWERS[0],
                                                                              ANSWERS[1]])
     assert label_groups("majority", ANSWERS, GOLD)[1] == ANSWERS
     assert label_groups("gt", ANSWERS, GOLD) == (GOLD, [["5"], ["7"], ["5"], ["7"]])
     teacher = [["1"], ["2"], ["3"], ["4"]]
-    assert label_groups("coreward3_both", ANSWERS, GOLD, teacher) == (["3", "4", "1", "2"], [["3"], ["4"], ["1"],
+    assert label_groups("coreward3", ANSWERS, GOLD, teacher) == (["3", "4", "1", "2"], [["3"], ["4"], ["1"],
                                                                                            ["2"]])
 
 
@@ -113,3 +113,77 @@ def test_a_row_that_cannot_work_is_refused_where_the_table_is_read(row, message)
     from rewards import Method
     with pytest.raises(ValueError, match=re.escape(message)):
         Method(*row)
+
+
+# Co-rewarding-III on hand-made groups: two questions (P = 2), G = 4, the box contents of each response (None: no
+# box). Groups 0, 1 are the originals q0, q1; groups 2, 3 their rephrasings q0', q1'.
+C3_POLICY = [
+    ["6", "6", "\\frac{12}{2}", None],     # q0
+    ["0.5", "1/2", "3", ""],               # q1 (an empty box is no answer)
+    ["6", "7", "7", "7"],                  # q0'
+    ["2", "2", "2", "2"],                  # q1'
+]
+C3_TEACHER = [
+    ["7", "7", "6", "8"],                  # q0: votes 7, the label of q0'
+    [None, "", " ", None],                 # q1: no answer, so q1' has no label and earns nothing
+    ["7", "6", "6.0", " 6 "],              # q0': 6 as mathematics (three of four), 7 as strings (the first of four)
+    ["1/2", "0.5", "3", "1/2"],            # q1': 1/2 either way, the label of q1
+]
+
+
+def _responses(contents):
+    return [[f"So the answer is \\boxed{{{c}}}." if c is not None else "I cannot tell." for c in g] for g in contents]
+
+
+def official_co_rewarding_III(policy, teacher):
+    """The official reward manager's rule (Co-rewarding-III/verl/workers/reward_manager/co_rewarding_III.py),
+    restated on box contents: the label of a view's responses is the most common non-blank string among the
+    teacher's answers to the other view (the first one met on a tie; '' when there is none), and a response earns 1
+    when its string equals a non-empty label."""
+    def vote(strings):
+        strings = [s for s in strings if s is not None and s.strip() != ""]
+        return max(strings, key=strings.count) if strings else ""    # max keeps the first of equal counts
+    labels = [vote(teacher[twin(i, len(teacher))]) for i in range(len(teacher))]
+    answers = [[c or "" for c in g] for g in policy]
+    return labels, [[float(label != "" and a == label) for a in g] for g, label in zip(answers, labels)]
+
+
+def coreward3_rewards(policy, teacher):
+    from answers import extract_answer
+    from rewards import METHODS, label_groups
+    answers = [[extract_answer(r) for r in g] for g in _responses(policy)]
+    teacher_answers = [[extract_answer(r) for r in g] for g in _responses(teacher)]
+    labels, voters = label_groups("coreward3", answers, ["?"] * 4, teacher_answers)
+    return labels, METHODS["coreward3"].reward(answers, labels, voters)
+
+
+def test_coreward3_labels_each_view_by_the_teachers_vote_on_the_other_by_hand():
+    labels, rewards = coreward3_rewards(C3_POLICY, C3_TEACHER)
+    assert labels == ["6", "1/2", "7", None]
+    assert rewards == [
+        [1.0, 1.0, 1.0, 0.0],    # q0 by the teacher on q0' (6): 12/2 is 6; no box earns nothing
+        [1.0, 1.0, 0.0, 0.0],    # q1 by the teacher on q1' (1/2): 0.5 is 1/2; the empty box earns nothing
+        [0.0, 1.0, 1.0, 1.0],    # q0' by the teacher on q0 (7)
+        [0.0, 0.0, 0.0, 0.0],    # q1' by the teacher on q1: no label, though the group is unanimous
+    ]
+    # a swapped view, the teacher's vote on the same view, gives other labels and rewards
+    same_view = C3_TEACHER[2:] + C3_TEACHER[:2]
+    assert coreward3_rewards(C3_POLICY, same_view) != (labels, rewards)
+    assert coreward3_rewards(C3_POLICY, same_view)[0] == ["7", None, "6", "1/2"]
+
+
+def test_coreward3_departs_from_the_official_string_comparison_only_where_answers_are_written_two_ways():
+    """The official reward manager compares strings; this project compares mathematics (a departure, rewards.py):
+    the two differ on q0 (the teacher's 6 written three ways, a response's 12/2) and on q1's 0.5."""
+    labels, rewards = official_co_rewarding_III(C3_POLICY, C3_TEACHER)
+    assert labels == ["7", "1/2", "7", ""]
+    assert rewards == [
+        [0.0, 0.0, 0.0, 0.0],    # q0: labelled 7, the first of four different strings
+        [0.0, 1.0, 0.0, 0.0],    # q1: only the string 1/2 is 1/2
+        [0.0, 1.0, 1.0, 1.0],    # q0': as here
+        [0.0, 0.0, 0.0, 0.0],    # q1': the empty label, as here
+    ]
+    ours = coreward3_rewards(C3_POLICY, C3_TEACHER)[1]
+    assert [g for g in range(4) if ours[g] != rewards[g]] == [0, 1]
+    same_view = C3_TEACHER[2:] + C3_TEACHER[:2]
+    assert official_co_rewarding_III(C3_POLICY, same_view)[0] == ["7", "", "7", "1/2"]   # q0 by 7 as strings

@@ -110,10 +110,10 @@ def test_teacher_labels():
     answers = [["1", "1"], ["2", "2"], ["3", "3"], ["4", "4"]]          # the student's answers
     teacher = [["5", "5", "6"], ["7", "8", "8"], ["9", "9", "9"], [None, "0", "0"]]
     assert labels_for("coreward2", answers, ["?"] * 4, teacher) == ["5", "8", "9", "0"]
-    # coreward3: the teacher answered each group's rephrasing: its vote labels that group
-    assert labels_for("coreward3", answers, ["?"] * 4, teacher) == ["5", "8", "9", "0"]
-    # coreward3_both: each view labelled by the teacher's vote on the other view
-    assert labels_for("coreward3_both", answers, ["?"] * 4, teacher) == ["9", "0", "5", "8"]
+    # coreward2_rephrased: the teacher answered each group's rephrasing: its vote labels that group
+    assert labels_for("coreward2_rephrased", answers, ["?"] * 4, teacher) == ["5", "8", "9", "0"]
+    # coreward3: each view labelled by the teacher's vote on the other view
+    assert labels_for("coreward3", answers, ["?"] * 4, teacher) == ["9", "0", "5", "8"]
     with pytest.raises(ValueError, match="needs the teacher's answers"):
         labels_for("coreward2", answers, ["?"] * 4)
     with pytest.raises(ValueError, match="has no labels"):

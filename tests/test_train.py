@@ -533,10 +533,8 @@ def test_coreward2_trains_on_the_original_questions_one_group_each(short_run):
 
 
 
-def test_coreward3_trains_on_the_originals_labelled_by_the_teachers_vote_on_the_rephrasings(tmp_path, monkeypatch):
-    """The official combined path (data.use_aug=True): the policy samples and trains on the original
-    questions only; the teacher answers their rephrasings, group for group, and its majority on q'
-    labels the policy's responses to q."""
+def _watch_the_teacher(monkeypatch):
+    """(the prompts of each teacher rollout, the (teacher's answers, labels) of each labelling) of a run in process."""
     rollouts, labelled = [], []
     real_rollout, real_labels = train.teacher_rollout, train.label_groups
 
@@ -550,7 +548,37 @@ def test_coreward3_trains_on_the_originals_labelled_by_the_teachers_vote_on_the_
         return labels, voters
     monkeypatch.setattr(train, "teacher_rollout", teacher_rollout)
     monkeypatch.setattr(train, "label_groups", label_groups)
+    return rollouts, labelled
+
+
+def test_coreward3_trains_on_both_views_each_labelled_by_the_teachers_vote_on_the_other(tmp_path, monkeypatch):
+    """Co-rewarding-III as the authors' code runs it: the policy samples both views of each question, the teacher
+    answers both views too (the same prompts, group for group), and the teacher's majority on q' labels the policy's
+    responses to q, and its majority on q those to q'."""
+    rollouts, labelled = _watch_the_teacher(monkeypatch)
     run = run_in_process(tmp_path / "c3", "coreward3", *SHORT, "--steps", "1")
+    assert run.error is None
+    originals, rephrased = _encoded_questions()
+    prompts = _prompts_of(run.steps[0])
+    assert len(prompts) == 2 * PAIRS * G
+    assert all(p in originals for p in prompts[:PAIRS * G]) and all(p in rephrased for p in prompts[PAIRS * G:])
+    rephrasing_of = _encoded_pairs()                              # group i + P is the other view of group i
+    assert [rephrasing_of[prompts[i * G]] for i in range(PAIRS)] == [prompts[(PAIRS + i) * G] for i in range(PAIRS)]
+    (teacher_prompts,) = rollouts
+    assert [tuple(p) for p in teacher_prompts] == [prompts[i * G] for i in range(2 * PAIRS)]
+    (teacher_answers, labels), = labelled
+    votes = [majority_vote(group) for group in teacher_answers]
+    assert labels == votes[PAIRS:] + votes[:PAIRS]
+    assert run.step_records[0]["responses"] == 2 * PAIRS * G
+
+
+def test_coreward2_rephrased_trains_on_the_originals_labelled_by_the_teachers_vote_on_the_rephrasings(tmp_path,
+                                                                                                      monkeypatch):
+    """The official Co-rewarding-II code with data.use_aug=True: the policy samples and trains on the original
+    questions only; the teacher answers their rephrasings, group for group, and its majority on q' labels the
+    policy's responses to q."""
+    rollouts, labelled = _watch_the_teacher(monkeypatch)
+    run = run_in_process(tmp_path / "c2r", "coreward2_rephrased", *SHORT, "--steps", "1")
     assert run.error is None
     originals, rephrased = _encoded_questions()
     prompts = _prompts_of(run.steps[0])
