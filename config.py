@@ -21,7 +21,7 @@ import sys
 import time
 
 import checkpoint
-from grpo import ROLLOUT_CORRECTIONS
+from grpo import GROUP_FILTERS, ROLLOUT_CORRECTIONS
 from rewards import METHODS
 
 class UsageError(Exception):
@@ -104,6 +104,7 @@ PRESET_TABLE = [
     ("activation_checkpointing",   False,         True),
     ("compile_layers",             False,         False),
     ("defer_grad_sync",            False,         False),
+    ("group_filter",               "none",        "none"),    # as the official code: grpo.py, GROUP FILTERS
     ("rollout_correction",         "none",        "none"),    # as the official code: grpo.py, ROLLOUT CORRECTION
     ("rollout_correction_cap",     2.0,           2.0),       # verl's rollout_is_threshold (TRL's cap: 3)
     ("cpu_kv_cache_gib",           0.25,          2.0),
@@ -138,8 +139,9 @@ VIEWS = ("original", "both")
 DTYPES = ("float32", "bfloat16", "float16")           # --dtype: the trainer's compute dtype and the engine's
 TEACHER_PROMPTS = ("same", "rephrased")
 # Settings added since runs were saved: a checkpoint's config.json from before lacks them, and its run ran as
-# these values say (resume_settings fills them in).
-ADDED_SETTINGS = {"rollout_correction": "none", "rollout_correction_cap": 2.0, "hf_kv_budget_gib": 0.0}
+# these values say (resume_settings fills them in, and says which).
+ADDED_SETTINGS = {"rollout_correction": "none", "rollout_correction_cap": 2.0, "hf_kv_budget_gib": 0.0,
+                  "group_filter": "none"}
 # Methods renamed when `coreward3` became the authors' Co-rewarding-III: (the name a run was saved under, the
 # --teacher_prompts its runs saved, the name of that method now). A resume of such a run, or --method with a name that
 # is no longer one, is refused with the new name (`renamed`).
@@ -268,6 +270,9 @@ FLAGS = [
     ("defer_grad_sync", dict(action=argparse.BooleanOptionalAction),
      "reduce-scatter gradients once per update instead of after every micro-batch (keeps unsharded gradients in "
      "between: bench/scale.py's memory account)"),
+    ("group_filter", dict(choices=GROUP_FILTERS), "which groups train (grpo.py, GROUP FILTERS): none, or "
+                                                  "zero_variance (DAPO's filter: drop the groups whose rewards are "
+                                                  "all equal, without re-sampling)"),
     ("rollout_correction", dict(choices=ROLLOUT_CORRECTIONS),
      "weight each response token's policy term by pi_old / pi_sampler, the trainer's probability over the rollout "
      "engine's, against their mismatch: none (the official code), tis (truncated at the cap), mis (masked above "
@@ -376,7 +381,12 @@ def resume_settings(args):
                 refuse(f"--resume {args.resume} is not in a run's checkpoints/ folder (a copy?): say which run folder "
                        f"it continues with --out, so that nothing beside the copy is taken for the run's")
             out = args.out
-    settings = {**ADDED_SETTINGS, **checkpoint.read_config(path)}
+    saved = checkpoint.read_config(path)
+    filled = {k: v for k, v in ADDED_SETTINGS.items() if k not in saved}
+    if filled:
+        print(f"resume: {path} was saved before " + ", ".join(f"--{k}" for k in filled) + " existed; its run continues "
+              f"with the value it ran under: " + ", ".join(f"--{k} {v}" for k, v in filled.items()))
+    settings = {**filled, **saved}
     new = renamed(settings["method"], settings["teacher_prompts"])
     if new and args.method != new:
         refuse(f"--resume {path}: its run trained --method {settings['method']}, which is now called {new}; add "

@@ -8,7 +8,9 @@ Training data (`load_training`): the pairs below, or, for the methods that train
 questions only (`--views original`), a plain question set:
 - a parquet, JSON or JSONL file whose question column is one of QUESTION_COLUMNS (question,
   problem, prompt) and whose answer column is one of ANSWER_COLUMNS (answer, solution,
-  ground_truth), the first found of each;
+  ground_truth), the first found of each; with a rephrasing column (REPHRASING_COLUMNS:
+  rephrased_question, rephrased) its rows are pairs, the question column then also
+  original_question;
 - a shipped benchmark's questions (math500, gsm8k, ...): test-time training, as TTRL does, on the
   questions it is then evaluated on; allowed, and the run says so (`test_time_training`).
 
@@ -17,7 +19,10 @@ Training pairs (`load_pairs`), shipped in data/train/ or given as a path or a hu
   solution` (the official OpenRS and MATH pairs); any parquet path in this format, or a Hugging
   Face hub dataset id in this format (needs the network);
 - 'dapo', 'amc_ttt': two parquets in verl's format (`prompt` = [system, user] messages,
-  `reward_model` = {'ground_truth': ...}), the originals and the rephrasings, aligned row by row.
+  `reward_model` = {'ground_truth': ...}), the originals and the rephrasings, aligned row by row;
+  any two such files as `ORIGINALS.parquet,REPHRASINGS.parquet` (as the official scripts'
+  `train_files` and `train_aug_files`), their alignment checked alike: as many rows, and the
+  same ground truth in each.
 
 Evaluation benchmarks (`load_benchmark`), shipped in data/eval/: math500, gsm8k (the answer
 after `####`), amc, amc23, aime24, aime25, math5000 (the MATH test set, verl's format).
@@ -28,9 +33,13 @@ whose gold answer is empty is kept with `answer=None`, and counted on load; the 
 have three (openrs row 4303, math rows 5341 and 5343), the label-free methods never read it,
 and `gt` and the metrics count such a group as unlabeled (no reward, not correct).
 
-Prompts (`PROMPTS`, `--prompt`): with the model's chat template when it has one, as [system, user]
-messages, by default the paper's system prompt and the question; otherwise plain text (system
-prompt, blank line, question). The classroom's own tokenizer gets the classroom's format.
+Prompts (`prompt_encoder`) follow the model, not the data: the classroom's own tokenizer gets the
+classroom's format, whatever the data (world.format_prompt: it has no words for instructions); a
+model with a chat template gets [system, user] messages through it, by default the paper's system
+prompt and the question (PROMPTS: `official`, what train.py asks with; eval.py's and
+tools/format_warmup.py's `--prompt` choose another); any other model, plain text (system prompt,
+blank line, question). The classroom's questions, written with a space before each punctuation
+mark for its tokenizer, are asked of another model in plain English (world.plain_english).
 """
 import json
 import math
@@ -50,6 +59,7 @@ SHIPPED_VERL_PAIRS = {"dapo": ("train/dapo_original.parquet", "train/dapo_rephra
                       "amc_ttt": ("train/amc_ttt_original.parquet", "train/amc_ttt_rephrased.parquet")}
 PAIR_COLUMNS = ("original_question", "rephrased_question", "solution")
 QUESTION_COLUMNS = ("question", "problem", "prompt")
+REPHRASING_COLUMNS = ("rephrased_question", "rephrased")
 ANSWER_COLUMNS = ("answer", "solution", "ground_truth")
 BENCHMARKS = {   # name: (file, the field holding the question; None for verl's format)
     "math500": ("eval/math500.json", "prompt"),
@@ -149,17 +159,19 @@ def load_training(source, views):
     if test_time:
         pairs = [Pair(p.question, None, p.answer) for p in load_benchmark(source)]
     elif source.endswith((".json", ".jsonl")):
-        pairs = question_set(source, json_records(source))
+        pairs = rows_of_a_file(source, json_records(source))
     elif source.endswith(".parquet") and os.path.exists(source):
         frame = read_parquet(source)
-        pairs = pairs_from_frame(frame, source) if "rephrased_question" in frame.columns else \
-            question_set(source, frame.to_dict("records"))
+        pairs = pairs_from_frame(frame, source) if set(PAIR_COLUMNS) <= set(frame.columns) else \
+            rows_of_a_file(source, frame.to_dict("records"))
     else:
         pairs = load_pairs(source)
     if views == "both" and any(p.rephrased is None for p in pairs):
         raise InputError(f"--data {source} has no rephrased questions, and --views both samples each question's "
-                         f"rephrasing too: give a pair file (columns {list(PAIR_COLUMNS)}; tools/rephrase.py makes "
-                         f"one), or --views original (not for coreward1 or coreward3, which need the twins)")
+                         f"rephrasing too. Pairs come as a parquet, JSON or JSONL file with a rephrasing column (one "
+                         f"of {list(REPHRASING_COLUMNS)}) beside its question and answer columns, or as two row-aligned "
+                         f"parquets in verl's format, --data ORIGINALS.parquet,REPHRASINGS.parquet (tools/rephrase.py "
+                         f"makes a pair file); or use --views original (not for the methods that need the twins)")
     return pairs, test_time
 
 
@@ -171,20 +183,26 @@ def json_records(path):
         return json.load(f) if path.endswith(".json") else [json.loads(line) for line in f if line.strip()]
 
 
-def question_set(path, records):
-    """Plain questions (no rephrasings) from the rows of a question file."""
+def rows_of_a_file(path, records):
+    """Pairs from the rows of a parquet, JSON or JSONL file that has a rephrasing column (REPHRASING_COLUMNS), else
+    plain questions (no rephrasings), by the columns of its first row."""
     if not isinstance(records, list) or not records:
         raise InputError(f"{path}: expected a non-empty list of rows")
     columns = set(records[0]) if isinstance(records[0], dict) else set()
-    question = next((c for c in QUESTION_COLUMNS if c in columns), None)
+    rephrasing = next((c for c in REPHRASING_COLUMNS if c in columns), None)
+    question = next((c for c in (("original_question",) if rephrasing else ()) + QUESTION_COLUMNS if c in columns),
+                    None)
     answer = next((c for c in ANSWER_COLUMNS if c in columns), None)
     if question is None or answer is None:
-        raise InputError(f"{path}: a question set needs a question column (one of {list(QUESTION_COLUMNS)}) and an "
-                         f"answer column (one of {list(ANSWER_COLUMNS)}); its columns are {sorted(columns)}")
+        kind = "a pair file" if rephrasing else "a question set"
+        raise InputError(f"{path}: {kind} needs a question column (one of {list(QUESTION_COLUMNS)}"
+                         f"{', or original_question' if rephrasing else ''}) and an answer column (one of "
+                         f"{list(ANSWER_COLUMNS)}); its columns are {sorted(columns)}")
     def read(record, where):
         if not isinstance(record, dict):
             raise InputError(f"{where}: expected an object with {question!r} and {answer!r}, got {record!r:.80}")
-        return Pair(question_text(record.get(question), f"{where}: {question}"), None,
+        return Pair(question_text(record.get(question), f"{where}: {question}"),
+                    question_text(record.get(rephrasing), f"{where}: {rephrasing}") if rephrasing else None,
                     answer_text(record.get(answer), where))
     return report_unlabeled(every_row(path, records, read), path)
 
@@ -194,6 +212,11 @@ def load_pairs(source):
     if source in SHIPPED_VERL_PAIRS:
         original, rephrased = (os.path.join(DATA_DIR, f) for f in SHIPPED_VERL_PAIRS[source])
         return verl_pairs(original, rephrased)
+    if "," in source:                                     # ORIGINALS.parquet,REPHRASINGS.parquet
+        files = source.split(",")
+        if len(files) != 2 or not all(f.endswith(".parquet") for f in files):
+            raise InputError(f"--data {source}: two files name a verl pair, ORIGINALS.parquet,REPHRASINGS.parquet")
+        return verl_pairs(*files)
     if source in SHIPPED_PAIRS:
         source = os.path.join(DATA_DIR, SHIPPED_PAIRS[source])
     if os.path.exists(source) or source.endswith(".parquet"):
@@ -201,7 +224,8 @@ def load_pairs(source):
     if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
         return pairs_from_frame(hub_frame(source), source)
     raise InputError(f"unknown training data {source!r}: use one of "
-                     f"{list(SHIPPED_PAIRS) + list(SHIPPED_VERL_PAIRS)}, a parquet path or a hub dataset id")
+                     f"{list(SHIPPED_PAIRS) + list(SHIPPED_VERL_PAIRS)}, a parquet, JSON or JSONL path, two verl "
+                     f"parquets as ORIGINALS.parquet,REPHRASINGS.parquet, or a hub dataset id")
 
 
 def read_parquet(path):
@@ -341,24 +365,37 @@ PROMPTS = {
 }
 
 
-def prompt_encoder(tokenizer, classroom, prompt="official"):
-    """question -> prompt token ids. A model with a chat template gets the PROMPTS[prompt] messages through it;
-    a model without one, plain text (the system message, a blank line, the user's). The classroom's questions
-    (`classroom`) are asked of the classroom's own tokenizer, which has no chat template, in the classroom's
-    format (world.format_prompt; it has no words for the instructions); a chat model gets them in plain English
-    (world.plain_english)."""
+def prompt_encoder(tokenizer, classroom=False, prompt="official"):
+    """question -> prompt token ids, in the format of the model (its tokenizer), not of the data: the classroom
+    world's own tokenizer (world.is_classroom_tokenizer) gets the world's format (world.format_prompt; it has no
+    words for instructions, so `prompt` does not apply); a model with a chat template, the PROMPTS[prompt] messages
+    through it; any other model, plain text (the system message, a blank line, the user's). `classroom`: the
+    questions are the classroom world's, written with a space before each punctuation mark for its tokenizer; any
+    other model gets them in plain English (world.plain_english)."""
     import world
     if prompt not in PROMPTS:
         raise InputError(f"unknown prompt {prompt!r}; choose from {', '.join(PROMPTS)}")
     asked = PROMPTS[prompt]
-    if classroom and not tokenizer.chat_template:
+    if world.is_classroom_tokenizer(tokenizer):
         return lambda q: tokenizer(world.format_prompt(q), add_special_tokens=False)["input_ids"]
     english = world.plain_english if classroom else (lambda q: q)
     if tokenizer.chat_template:
         return lambda q: tokenizer.apply_chat_template(asked.messages(english(q)), add_generation_prompt=True,
                                                        tokenize=True, return_dict=False)
-    return lambda q: tokenizer("\n\n".join(m["content"] for m in asked.messages(q)) + "\n",
+    return lambda q: tokenizer("\n\n".join(m["content"] for m in asked.messages(english(q))) + "\n",
                                add_special_tokens=False)["input_ids"]
+
+
+def unknown_token_warning(tokenizer, prompts, what):
+    """A warning (None when there is nothing to say) for the prompts (token ids) that hold the tokenizer's unknown
+    token: words the model cannot read, as when the classroom's word-level tokenizer is given other text."""
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    hit = [p for p in prompts if unknown is not None and unknown in p]
+    if not hit:
+        return None
+    return (f"warning: {len(hit)} of {len(prompts)} {what} hold the tokenizer's unknown token "
+            f"{tokenizer.unk_token!r} ({sum(p.count(unknown) for p in hit)} in all), words the model cannot read, e.g. "
+            f"{tokenizer.decode(hit[0])!r:.200}; the classroom's tokenizer reads only the world's own words")
 
 
 def drop_long(items, prompts_of, max_prompt_len, what):

@@ -38,8 +38,16 @@ the plain token mean over the global mini-batch. Co-rewarding-I's objective is J
 per micro-batch as verl's is. FSDP2 averages gradients over ranks (it divides the summed gradient
 by the world size W), so each rank backpropagates Σ_local loss_t / (N_tokens(view, global) / W);
 micro-batches add their gradients up. The result is the gradient of L, whatever the number of
-ranks or micro-batches. A token's weight (below) scales its policy term inside the sum and leaves
-the normaliser as it is: N_tokens counts the mask's tokens, a token of weight 0 included.
+ranks or micro-batches.
+
+A token's loss weight (Batch.weight, 1 from make_batch) scales its whole loss_t, and N_tokens
+counts weights, not tokens: L = Σ_views Σ w_t loss_t / Σ w_t over the view's response tokens. A
+group the group filter drops (GROUP FILTERS) has weight 0 on its tokens: it leaves the sums and the
+token means of its view, its KL term too, as if it had not been sampled. A view left with no weight
+contributes 0 (its normaliser is taken as 1, never 0/0). With every weight 1, w_t · x = x and the
+sums of weights are the token counts exactly: the loss is bit for bit the unweighted one. The
+rollout correction's factor (below) is another matter: it scales the policy term only and leaves
+the normaliser as it is, as TRL and verl do.
 
 ROLLOUT CORRECTION (--rollout_correction; `none` by default and in the official preset, as the
 official code has none: any other is a departure, RUNNING.md). The sampler (vLLM, in bf16 say)
@@ -63,11 +71,25 @@ rollout_is_threshold; TRL's vllm_importance_sampling_cap defaults to 3):
     seq_mis   W where W ≤ C, else 0          TRL sequence_mask
 
 A masked token keeps no weight and an unmasked one keeps w_t itself (not 1), as in both. weight_t is
-Batch.weight, ones from make_batch: the place for any other per-token weight of the policy term. As
-in TRL and verl, the weight multiplies the policy term only, never the KL term, and the normaliser
-stays the mask's token count, as TRL's (verl's later masking drops the masked tokens from its
-denominator). With `none` the weights are ones, and x · 1 = x exactly for every float: the loss and
-its gradient are bit for bit the unweighted ones.
+the token's loss weight (Batch.weight, NORMALISATION), which scales the KL term too. As in TRL and
+verl, c_t multiplies the policy term only, never the KL term, and the normaliser does not count it,
+as TRL's (verl's later masking drops the masked tokens from its denominator). With `none` c_t is 1,
+and x · 1 = x exactly for every float: the loss and its gradient are bit for bit the uncorrected ones.
+
+GROUP FILTERS (--group_filter; `none` by default and in the official preset). Between the rewards
+and the advantages, a filter sees a step's groups' rewards [groups, G] and keeps some: a kept
+group trains as usual, a dropped one gets loss weight 0 (NORMALISATION). One row of
+GROUP_FILTER_TABLE a filter:
+
+    none            keep every group                                        the official code
+    zero_variance   drop the groups whose G rewards are all equal           DAPO's dynamic sampling,
+                    (all right or all wrong: zero advantages, no signal)     without its re-sampling
+
+A zero-variance group's advantages are 0, so dropping it changes no policy term: what changes is
+the token means, now over the groups with a signal, and its KL term, which leaves the loss. DAPO
+then samples more questions until the batch is full again; here the step trains on what is left,
+and a step with nothing left takes an update of zero gradient (AdamW's moments and weight decay
+still move the weights).
 """
 import math
 from dataclasses import dataclass
@@ -82,6 +104,25 @@ from sharding import reshard
 
 # --------------------------------------------------------------------------------------------
 # Advantages and loss
+
+def keep_every_group(rewards):
+    """[groups] True: every group trains (the official code)."""
+    return torch.ones(rewards.shape[0], dtype=torch.bool)
+
+
+def drop_zero_variance(rewards):
+    """[groups] False where a group's G rewards are all equal (DAPO's filter, without its re-sampling)."""
+    return ~(rewards == rewards[:, :1]).all(-1)
+
+
+# One row a group filter (GROUP FILTERS): rewards [groups, G] -> keep [groups] bool.
+#  --group_filter     keep
+GROUP_FILTER_TABLE = [
+    ("none",          keep_every_group),
+    ("zero_variance", drop_zero_variance),
+]
+GROUP_FILTERS = dict(GROUP_FILTER_TABLE)
+
 
 def group_advantages(rewards, eps=1e-6):
     """rewards [P, G] -> advantages [P, G]; a group whose rewards are all equal gets zeros."""
@@ -104,26 +145,28 @@ def k3(logp, ref_logp):
     return (torch.exp(log_r) - log_r - 1).clamp(-KL_CLAMP, KL_CLAMP)
 
 
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, view, normalizers, weight):
-    """GRPO loss over a micro-batch: each view's token sum divided by its normalizer, summed over
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, view, normalizers, weight,
+              correction):
+    """GRPO loss over a micro-batch: each view's weighted token sum divided by its normalizer, summed over
     views (see NORMALISATION). logp, old_logp, ref_logp, mask [B, T-1]; advantages, view [B];
-    normalizers [VIEWS]; weight [B, T-1] multiplies each token's policy term, not its KL term
-    (ROLLOUT CORRECTION). Returns (loss, clipped [B, T-1])."""
+    normalizers [VIEWS]; weight [B, T-1] each token's loss weight (NORMALISATION); correction [B, T-1]
+    multiplies each token's policy term, not its KL term (ROLLOUT CORRECTION). Returns (loss, clipped [B, T-1])."""
     ratio = torch.exp(logp - old_logp)                                             # [B, T-1]
     adv = advantages[:, None]
-    policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv) * weight
-    per_token = (policy_term + kl_coef * k3(logp, ref_logp)) * mask                # [B, T-1]
+    policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv) * correction
+    per_token = (policy_term + kl_coef * k3(logp, ref_logp)) * mask * weight       # [B, T-1]
     loss = sum(per_token[view == v].sum() / normalizers[v] for v in view.unique().tolist())
     clipped = (ratio * adv > ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).float()
     return loss, clipped
 
 
-def loss_normalizers_over_ranks(mask, view, world_size):
-    """[VIEWS]: each view's response tokens in the global mini-batch / world_size (see NORMALISATION).
-    mask [B, T-1] and view [B] of this rank's rows of the mini-batch."""
-    n = torch.zeros(VIEWS, device=mask.device).index_add_(0, view, mask.sum(-1))
+def loss_normalizers_over_ranks(weight, view, world_size):
+    """[VIEWS]: each view's weight over its response tokens in the global mini-batch (its token count when every
+    weight is 1) / world_size; 1 for a view with none (see NORMALISATION). weight [B, T-1] (the mask times the loss
+    weights) and view [B] of this rank's rows of the mini-batch."""
+    n = torch.zeros(VIEWS, device=weight.device).index_add_(0, view, weight.sum(-1))
     dist.all_reduce(n)
-    return n / world_size
+    return torch.where(n > 0, n, world_size) / world_size
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,8 +228,8 @@ class Batch:
     advantages: torch.Tensor        # [N]
     sampler_logp: torch.Tensor      # [N, T-1] the sampler's log-probs (0 off the mask)
     view: torch.Tensor              # [N] long: the view whose token mean the sequence's loss joins
-    weight: torch.Tensor            # [N, T-1] each token's weight on its policy term (ones from make_batch); the
-                                    # step multiplies it by the rollout correction's (ROLLOUT CORRECTION)
+    weight: torch.Tensor            # [N, T-1] each token's loss weight (ones from make_batch; 0 on a group the group
+                                    # filter drops): it scales the token's loss and its count (NORMALISATION)
 
     def __len__(self):
         return len(self.input_ids)
@@ -315,11 +358,11 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     their ratio against the sampling policy and can clip. `order` (a permutation of the rows,
     default random) says which rows each update takes: update k takes its k-th chunk.
 
-    Each token's policy term is weighted by `batch.weight` times the weight of the rollout correction
+    Each token's loss is weighted by `batch.weight`, and each view's normaliser is the sum of those
+    weights (NORMALISATION); its policy term is also weighted by the rollout correction
     `cfg.rollout_correction` (ROLLOUT CORRECTION: from π_old's log-probs over the sampler's, capped at
-    `cfg.rollout_correction_cap`); the KL term is not, and each view's normaliser stays its count of
-    the mask's tokens (NORMALISATION). With correction `none` and a batch of weights 1 the update is
-    bit for bit the unweighted one.
+    `cfg.rollout_correction_cap`), its KL term and the normaliser not. With correction `none` and a
+    batch of weights 1 the update is bit for bit the unweighted one.
 
     Every rank must hold the same number of sequences, divisible by `cfg.mini_batches` (FSDP's
     collectives pair up per forward and backward). Before each optimizer step the ranks agree
@@ -346,7 +389,7 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     order = torch.randperm(len(batch)) if order is None else order
     lengths = batch.lengths()
     for update, mb in enumerate(order.to(m.device).chunk(cfg.mini_batches)):
-        normalizers = loss_normalizers_over_ranks(m[mb], batch.view[mb], world_size)
+        normalizers = loss_normalizers_over_ranks(m[mb] * batch.weight[mb], batch.view[mb], world_size)
         nonfinite = torch.zeros(2, device=m.device)          # [losses, sampler gaps] that are NaN or inf
         passes = micro_batches_for_all_ranks(lengths[mb], cfg)
         for j, part_rows in enumerate(passes):
@@ -360,7 +403,7 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
             correction, ratios = rollout_correction(cfg.rollout_correction, old, part.sampler_logp, part.mask,
                                                     cfg.rollout_correction_cap)
             loss, clipped = grpo_loss(logp, old, ref_part, part.advantages, part.mask, cfg.clip_eps, cfg.kl_coef,
-                                      part.view, normalizers, part.weight * correction)
+                                      part.view, normalizers, part.weight, correction)
             loss.backward()
             with torch.no_grad():
                 gap = ((part.sampler_logp - old).abs() * part.mask).sum()

@@ -19,6 +19,13 @@ label source, LABEL_SOURCES):
     teacher's other-view vote  the teacher answers both views, and its vote on each group's other
                                view labels it (Co-rewarding-III, `coreward3`, as the authors'
                                Co-rewarding-III/ code does)
+    both views' vote           the 2G responses to both views of the question vote together, and
+                               their majority labels both groups (`coreward1_union`, a variant)
+
+Which views vote (LabelSource.views): the group's own (`own`), its twin's (`other`) or both
+(`both`). A vote over both views takes the original's answers first, then the rephrasing's, for
+either group, so that the tie rule (answers.majority_vote: the class whose first member came
+first) gives the two groups one label; `voters[i] + voters[twin(i)]` would not.
 
 Two baselines need no answer at all (label source none): their reward is a response's mean over
 its tokens of a value of the policy's token distribution there (grpo.score_responses):
@@ -81,15 +88,17 @@ def negative_entropy(logp_all):
 @dataclasses.dataclass(frozen=True)
 class LabelSource:
     voters: str            # whose answers vote: "gold" (the ground truth alone), "policy" or "teacher"
-    other_view: bool       # a group is labelled by the vote on its twin, the other view of its question
+    views: str             # the answers to which views vote for a group's label: its "own", its twin's ("other": the
+                           # other view of its question) or "both" (the original's, then the rephrasing's)
 
 
 LABEL_SOURCES = {
-    "gold":                      LabelSource("gold", other_view=False),
-    "own vote":                  LabelSource("policy", other_view=False),
-    "other view's vote":         LabelSource("policy", other_view=True),
-    "teacher's vote":            LabelSource("teacher", other_view=False),
-    "teacher's other-view vote": LabelSource("teacher", other_view=True),
+    "gold":                      LabelSource("gold", "own"),
+    "own vote":                  LabelSource("policy", "own"),
+    "other view's vote":         LabelSource("policy", "other"),
+    "both views' vote":          LabelSource("policy", "both"),
+    "teacher's vote":            LabelSource("teacher", "own"),
+    "teacher's other-view vote": LabelSource("teacher", "other"),
 }
 
 
@@ -122,8 +131,9 @@ class Method:
 
     @property
     def two_view(self):
-        """Labelled by the other view's vote: it trains on both views, J(q) + J(q'), one token mean per view."""
-        return self.labels is not None and LABEL_SOURCES[self.labels].other_view
+        """Labelled by a vote with the other view's answers in it: it trains on both views, J(q) + J(q'), one token
+        mean per view."""
+        return self.labels is not None and LABEL_SOURCES[self.labels].views != "own"
 
     def settings(self):
         """The run settings the method sets (config.py: they override the preset's, a flag overrides them)."""
@@ -137,6 +147,7 @@ METHOD_TABLE = [
     ("gt",                  "gold",                      "original", None,        "start",   None,  agreement),
     ("majority",            "own vote",                  "original", None,        "start",   None,  agreement),
     ("coreward1",           "other view's vote",         "both",     None,        "start",   None,  agreement),
+    ("coreward1_union",     "both views' vote",          "both",     None,        "start",   None,  agreement),
     ("coreward2",           "teacher's vote",            "original", "same",      "teacher", 0.001, agreement),
     ("coreward3",           "teacher's other-view vote", "both",     "same",      "teacher", 0.001, agreement),
     ("coreward2_rephrased", "teacher's vote",            "original", "rephrased", "teacher", 0.001, agreement),
@@ -179,14 +190,16 @@ def label_groups(method, answers, ground_truth, teacher_answers=None):
     if m.labels is None:
         raise ValueError(f"{method} has no labels: its reward is a value of the response's tokens")
     source, n = LABEL_SOURCES[m.labels], len(answers)
-    if source.other_view and n % 2:
+    if source.views != "own" and n % 2:
         raise ValueError(f"{method} needs each question's rephrasing: an even number of groups (originals, then "
                          f"rephrasings), got {n}")
     if source.voters == "teacher" and (teacher_answers is None or len(teacher_answers) != n):
         raise ValueError(f"{method} needs the teacher's answers for each of the {n} groups")
     voters = {"gold": [[g] for g in ground_truth], "policy": answers, "teacher": teacher_answers}[source.voters]
-    if source.other_view:
+    if source.views == "other":
         voters = [voters[twin(i, n)] for i in range(n)]   # the other view's answers
+    elif source.views == "both":                          # the original's answers, then the rephrasing's: one label
+        voters = [voters[min(i, twin(i, n))] + voters[max(i, twin(i, n))] for i in range(n)]
     labels = list(ground_truth) if source.voters == "gold" else [majority_vote(group) for group in voters]
     return labels, voters
 

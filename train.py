@@ -18,7 +18,9 @@ One step (`training_step`):
    question's other view is the label; for coreward2_rephrased it answers the rephrasings while
    the policy trains on the originals (`--teacher_prompts rephrased`); the answer-free baselines
    (self_certainty, entropy) score responses by the policy's token distributions instead;
-4. normalise the rewards within each group into advantages, and take the clipped-GRPO update(s)
+4. keep the groups the group filter keeps (`--group_filter`, grpo.py's GROUP FILTERS: a dropped group's
+   tokens get loss weight 0, `Batch.weight`, and leave the loss's token means), normalise the
+   rewards within each group into advantages, and take the clipped-GRPO update(s)
    with a k3 KL penalty to the frozen start model, or to the teacher for the teacher methods
    (grpo.py); a two-view method's loss is J(q) + J(q'), one token mean per view;
 5. move the teacher towards the policy (EMA), and load the updated weights into the engine.
@@ -61,7 +63,7 @@ import data
 import run
 from answers import extract_answer, is_equiv, majority_vote
 from eval import accuracies, benchmark_prompts, eval_counts
-from grpo import NonFiniteError, StepConfig, group_advantages, make_batch, score_responses, train_step
+from grpo import GROUP_FILTERS, NonFiniteError, StepConfig, group_advantages, make_batch, score_responses, train_step
 from rewards import METHODS, common_answer_share, group_diagnostics, label_groups
 from rollout import make_engine, request_seed
 from sharding import all_sum, init_distributed, load_sharded, sync_engine_weights
@@ -98,7 +100,9 @@ class Questions:
         return cls(pairs, shuffle, torch.randperm(len(pairs), generator=shuffle).tolist())
 
     def take(self, count, rank, world_size):
-        """The next `count` questions' (indices, pairs) for this rank: its share, count / world_size."""
+        """The next `count` questions' (indices, pairs) for this rank: its share, count / world_size. An epoch's
+        last len(pairs) % count questions, too few for a step, are left out, and the next epoch shuffles every
+        question again, as the official code's dataloader does (drop_last); the run says so at its start."""
         if self.cursor + count > len(self.order):                          # a new epoch
             self.order, self.cursor = torch.randperm(len(self.pairs), generator=self.shuffle).tolist(), 0
         per_rank = count // world_size
@@ -120,9 +124,11 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
     t0 = time.perf_counter()
     views = (0, 1) if args.views == "both" else (0,)
     prompts = lambda which: [encode(q.rephrased if view else q.original) for view in which for q in questions]
-    seeds = lambda role, which: [request_seed(args.seed, role, step, i, view) for view in which for i in indices]
+    ids = lambda which: [(i, view) for view in which for i in indices]          # each group's question and view
+    seeds = lambda role, which: [request_seed(args.seed, role, step, i, view) for i, view in ids(which)]
     groups = models.engine.generate(prompts(views), args.group_size, args.temperature, args.max_response_len,
                                     seeds=seeds("policy", views))
+    check_groups(groups, prompts(views), ids(views), args.group_size, "the policy")
     teacher_answers = None
     if models.teacher is not None:
         # the engine now serves the teacher, until the updated policy is loaded after the step;
@@ -131,13 +137,13 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
         teacher_groups = teacher_rollout(models.engine, models.teacher, prompts(teacher_views),
                                          seeds("teacher", teacher_views), args.group_size, args.temperature,
                                          args.max_response_len)
+        check_groups(teacher_groups, prompts(teacher_views), ids(teacher_views), args.group_size, "the teacher")
         teacher_answers = [[extract_answer(s.text) for s in g] for g in teacher_groups]
     models.engine.sleep()                         # on a GPU, its memory goes to the training phase until the sync
     t1 = time.perf_counter()
 
     # 3. label and reward; rewards.twin(i) = (i + P) mod 2P pairs a group with its other view: the originals first,
-    # then their rephrasings in the same order, as asked for (prompts) and as the engine must return them
-    assert [g[0].prompt_ids for g in groups] == prompts(views), "the groups are not in the order of their prompts"
+    # then their rephrasings in the same order, as asked for (prompts) and as check_groups found them
     gold = [q.answer for q in questions] * len(views)
     answers = [[extract_answer(s.text) for s in g] for g in groups]
     batch = make_batch([s for g in groups for s in g], models.pad_id, device)
@@ -152,7 +158,10 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
         labels, voters = label_groups(args.method, answers, gold, teacher_answers)
         rewards = torch.tensor(method.reward(answers, labels, voters))           # [views x P, G]
 
-    # 4. advantages, and the clipped-GRPO update(s)
+    # 4. the groups that train (--group_filter: a dropped group's tokens get loss weight 0), advantages, and the
+    # clipped-GRPO update(s)
+    keep = GROUP_FILTERS[args.group_filter](rewards)                              # [views x P] bool
+    batch.weight *= keep.repeat_interleave(args.group_size)[:, None].to(device)
     batch.advantages = group_advantages(rewards).flatten().to(device)
     lr = models.scheduler.get_last_lr()[0]                                        # the rate this step's updates use
     try:
@@ -169,11 +178,30 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
     models.sync_engine()
     t3 = time.perf_counter()
     times = {"t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": t3 - t2}
-    return step_record_over_ranks(step, groups, answers, gold, labels, rewards, stats, lr, alpha, times, device,
-                                  world_size)
+    return step_record_over_ranks(step, groups, answers, gold, labels, rewards, keep, stats, lr, alpha, times,
+                                  device, world_size)
 
 
-def step_record_over_ranks(step, groups, answers, gold, labels, rewards, stats, lr, alpha, times, device,
+class GroupOrderError(RuntimeError):
+    """The rollout engine returned groups that do not answer the prompts asked, in their order."""
+
+
+def check_groups(groups, prompt_ids, ids, group_size, who):
+    """Each group holds `group_size` responses to the prompt asked of it, in the order asked: a group out of place
+    would be labelled by another question's vote (rewards.twin pairs groups by place). ids: each prompt's (question
+    index, view), named in the message. Raises GroupOrderError, whatever python's -O."""
+    if len(groups) != len(prompt_ids):
+        raise GroupOrderError(f"{who}: the rollout engine returned {len(groups)} groups for {len(prompt_ids)} prompts")
+    for group, prompt, (index, view) in zip(groups, prompt_ids, ids):
+        if len(group) != group_size or any(list(s.prompt_ids) != list(prompt) for s in group):
+            raise GroupOrderError(
+                f"{who}: the group for question {index} ({'its rephrasing' if view else 'the original'}) holds "
+                f"{len(group)} responses, not all to its prompt, where {group_size} were asked: the rollout engine "
+                f"returned its groups out of the order of their prompts. The step stopped before any label was "
+                f"computed; the engine (rollout.py) is at fault, not the data")
+
+
+def step_record_over_ranks(step, groups, answers, gold, labels, rewards, keep, stats, lr, alpha, times, device,
                            world_size):
     """A step's line of metrics.jsonl: every rank's groups together."""
     sums = all_sum({
@@ -184,6 +212,7 @@ def step_record_over_ranks(step, groups, answers, gold, labels, rewards, stats, 
         "no_answer": sum(a is None for group in answers for a in group),
         "truncated": sum(not s.finished for g in groups for s in g),
         "label_correct": sum(is_equiv(label, g) for label, g in zip(labels or [], gold)),
+        "dropped": int((~keep).sum()),
         **group_diagnostics(answers, rewards),
     }, device)
     n, tokens, n_groups = sums["responses"], sums["tokens"], sums["groups"]
@@ -195,7 +224,7 @@ def step_record_over_ranks(step, groups, answers, gold, labels, rewards, stats, 
         "no_answer": sums["no_answer"] / n,
         # label-free: what a run without labels can watch (run.CollapseWatch)
         "unanimous": sums["unanimous"] / n_groups, "distinct_answers": sums["distinct"] / n_groups,
-        "zero_variance": sums["zero_variance"] / n_groups,
+        "zero_variance": sums["zero_variance"] / n_groups, "groups_dropped": sums["dropped"] / n_groups,
         "common_answer": common_answer_share([v for rank_votes in votes for v in rank_votes]),
         "truncated": sums["truncated"] / n,
         "kl": sums["kl_sum"] / tokens, "entropy": sums["entropy_sum"] / tokens,
@@ -301,12 +330,20 @@ def read_inputs(args, resume, rank, world_size):
     # question -> prompt ids, encoded once: drop_long sees every prompt, the steps reuse them
     encode = functools.lru_cache(maxsize=None)(data.prompt_encoder(tokenizer, args.data == "classroom"))
     pairs = training_questions(args, encode, rank)
+    warning = data.unknown_token_warning(tokenizer, [encode(q) for p in pairs for q in (p.original, p.rephrased)
+                                                     if q is not None], "training prompts")
+    if warning and rank == 0:
+        print(warning)
     fingerprints = {"questions": checkpoint.questions_fingerprint(pairs),
                     "model": checkpoint.model_fingerprint(model_dir)}
     if resume is not None:                          # before anything slow: the data and model it was trained on
         run.check_fingerprints(resume, fingerprints)
     if args.steps is None:
         args.steps = max(1, int(args.epochs * len(pairs) / args.questions_per_step))
+    leftover = len(pairs) % args.questions_per_step
+    if leftover and args.steps * args.questions_per_step >= len(pairs) and rank == 0:
+        print(f"each epoch leaves out {leftover} of its {len(pairs)} questions, the last of its shuffle: "
+              f"--questions_per_step {args.questions_per_step} does not divide them (Questions.take)")
     return model_dir, tokenizer, encode, pairs, fingerprints, evaluation_set(tokenizer, args, rank, world_size)
 
 

@@ -29,6 +29,8 @@ The classroom prompt is plain text ("Question: ...\\nAnswer:"), as for a base mo
 paper's system prompt is left out here because this tokenizer has no words for it.
 """
 import argparse
+import functools
+import json
 import os
 import random
 import re
@@ -199,6 +201,19 @@ def corpus():
     texts += [f" {i} \\boxed{{{i}}} ." for i in range(0, 500)]
     texts += [" * + - = . The answer is"]
     return texts
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_vocabulary():
+    with open(os.path.join(BASE_DIR, "tokenizer.json")) as f:
+        return json.load(f)["model"]["vocab"]
+
+
+def is_classroom_tokenizer(tokenizer):
+    """The world's own tokenizer (that of the shipped base model and of every model trained from it): no chat
+    template, and the word-level vocabulary of build_tokenizer. It reads the world's prompt format and little else."""
+    return not getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "get_vocab") and \
+        tokenizer.get_vocab() == _shipped_vocabulary()
 
 
 def build_tokenizer():

@@ -249,8 +249,9 @@ def walk():
         f"sampler_gap {stats['sampler_gap_sum'] / stats['tokens']:.1e}: the mean |vLLM - trainer| log-prob per "
         f"token of this step's responses (a {args.dtype} run stops above {run.SAMPLER_GAP_CEILING[args.dtype]:g})"])
 
-    record = train.step_record_over_ranks(STEP, groups, answers, gold, labels, rewards, stats, lr, None, {}, device,
-                                          world_size)
+    keep = torch.ones(len(groups), dtype=torch.bool)                   # --group_filter none: every group trains
+    record = train.step_record_over_ranks(STEP, groups, answers, gold, labels, rewards, keep, stats, lr, None, {},
+                                          device, world_size)
     show(blocks, "record", "train.py step_record_over_ranks: the step's line of metrics.jsonl (without its times)",
          wrap([f"{key} {num(v, 2 if key == 'sampler_gap' else 4) if isinstance(v, float) else v}"
                for key, v in record.items()]))
@@ -273,9 +274,9 @@ def loss_terms(batch, logp, ref_logp, view, cfg, world_size):
     width, normalizers = part.mask.shape[1], loss_normalizers_over_ranks(part.mask, part.view, world_size)
     policy, ref = logp[rows, :width], ref_logp[rows, :width]
     policy_term = grpo_loss(policy, policy, ref, part.advantages, part.mask, cfg.clip_eps, 0.0, part.view,
-                            normalizers, part.weight)[0].item()
+                            normalizers, part.weight, part.weight)[0].item()
     kl_term = grpo_loss(policy, policy, ref, torch.zeros_like(part.advantages), part.mask, cfg.clip_eps,
-                        cfg.kl_coef, part.view, normalizers, part.weight)[0].item()
+                        cfg.kl_coef, part.view, normalizers, part.weight, part.weight)[0].item()
     tokens = part.mask.sum(-1)                                                     # n_i
     weighted = -(part.advantages * tokens).sum().item() / tokens.sum().item()
     return int(tokens.sum()), policy_term, kl_term, weighted

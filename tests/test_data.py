@@ -217,9 +217,41 @@ def test_a_chat_model_is_asked_the_classroom_questions_in_plain_english_and_the_
                                      "user: Tom has 3 boxes with 4 pens in each. How many pens, in all?\nassistant:"
     assert asked(ChatTokenizer(), "user") == "user: Tom has 3 boxes with 4 pens in each. How many pens, in all?\n" \
         "Please reason step by step, and put your final answer within \\boxed{}.\nassistant:"   # the template's system
-    assert asked(PlainTokenizer()) == asked(PlainTokenizer(), "oneshot") == f"Question: {question}\nAnswer:"
+    assert asked(PlainTokenizer()) == f"{data.SYSTEM_PROMPT}\n\nTom has 3 boxes with 4 pens in each. How many pens, " \
+                                      "in all?\n"
+    classroom, question = _classroom_tokenizer(), CLASSROOM_QUESTION
+    for prompt in ("official", "oneshot"):
+        assert classroom.decode(data.prompt_encoder(classroom, True, prompt)(question)) == f"Question: {question}\nAnswer:"
     with pytest.raises(ValueError, match="unknown prompt 'polite'; choose from official, user, oneshot"):
         data.prompt_encoder(ChatTokenizer(), False, "polite")
+
+
+CLASSROOM_QUESTION = "Zoe fills 10 baskets , putting 5 oranges in every one , and then finds 4 more oranges . How " \
+                     "many oranges are there altogether ?"
+
+
+def _classroom_tokenizer():
+    from transformers import AutoTokenizer
+    import world
+    return AutoTokenizer.from_pretrained(world.BASE_DIR)
+
+
+def test_the_classroom_model_is_asked_in_its_format_whatever_the_datas_name():
+    """The format follows the model: the classroom's tokenizer gets `Question: ... Answer:` for questions of a user's
+    file too (no chat template, no system prompt it has no words for), and reads them without an unknown token."""
+    classroom, question = _classroom_tokenizer(), CLASSROOM_QUESTION
+    ids = data.prompt_encoder(classroom, classroom=False)(question)
+    assert classroom.decode(ids) == f"Question: {question}\nAnswer:"
+    assert classroom.unk_token_id not in ids and data.unknown_token_warning(classroom, [ids], "prompts") is None
+
+
+def test_prompts_the_tokenizer_cannot_read_are_counted_in_one_warning():
+    classroom = _classroom_tokenizer()
+    encode = data.prompt_encoder(classroom)
+    prompts = [encode(CLASSROOM_QUESTION), encode("Compute the integral of x squared from 0 to 3 ."),
+               encode("How many oranges are there ?")]
+    warning = data.unknown_token_warning(classroom, prompts, "training prompts")
+    assert warning.startswith("warning: 1 of 3 training prompts hold the tokenizer's unknown token '<unk>'")
 
 
 # ------------------------------------------------------------------------ rephrasing
@@ -332,6 +364,47 @@ def test_a_question_set_without_its_columns_or_rephrasings_is_refused(tmp_path):
     (tmp_path / "q.jsonl").write_text(json.dumps({"question": "What is 1+1?", "answer": "2"}) + "\n")
     with pytest.raises(ValueError, match="has no rephrased questions, and --views both"):
         data.load_training(str(tmp_path / "q.jsonl"), "both")
+
+
+def test_pairs_of_your_own_in_json_jsonl_or_parquet_load_under_any_accepted_column_names(tmp_path):
+    """A file whose rows have a rephrasing column is a pair file, whatever its form: the official names
+    (original_question, rephrased_question, solution) or the plain ones (question, rephrased, answer)."""
+    rows = [("What is 1+1?", "Add one to one.", "2"), ("What is 2+3?", "Sum two and three.", "5")]
+    official = [dict(zip(data.PAIR_COLUMNS, r)) for r in rows]
+    plain = [{"question": q, "rephrased": r, "answer": a} for q, r, a in rows]
+    (tmp_path / "official.json").write_text(json.dumps(official))
+    (tmp_path / "plain.jsonl").write_text("".join(json.dumps(r) + "\n" for r in plain))
+    pd.DataFrame(plain).to_parquet(tmp_path / "plain.parquet")
+    for name in ("official.json", "plain.jsonl", "plain.parquet"):
+        pairs, test_time = data.load_training(str(tmp_path / name), "both")
+        assert [(p.original, p.rephrased, p.answer) for p in pairs] == rows and not test_time, name
+    broken = [dict(r, rephrased=" ") if i == 1 else r for i, r in enumerate(plain)]
+    (tmp_path / "broken.jsonl").write_text("".join(json.dumps(r) + "\n" for r in broken))
+    with pytest.raises(ValueError, match="broken.jsonl: row 1: rephrased: the question must be a non-empty string"):
+        data.load_training(str(tmp_path / "broken.jsonl"), "both")
+
+
+def test_two_verl_files_of_your_own_are_a_pair_checked_for_alignment(tmp_path):
+    """--data ORIGINALS.parquet,REPHRASINGS.parquet: the official scripts' train_files and train_aug_files."""
+    a = _pair_file(tmp_path, _verl_rows(["q1", "q2"], ["1", "2"]), "train_original.parquet")
+    b = _pair_file(tmp_path, _verl_rows(["r1", "r2"], ["1", "2"]), "train_rewrite.parquet")
+    pairs, _ = data.load_training(f"{a},{b}", "both")
+    assert pairs == [data.Pair("q1", "r1", "1"), data.Pair("q2", "r2", "2")]
+    swapped = _pair_file(tmp_path, _verl_rows(["r2", "r1"], ["2", "1"]), "swapped.parquet")
+    with pytest.raises(ValueError, match=r"misaligned pair files: row 0: ground truth '1' in .*train_original.parquet "
+                                         r"but '2' in .*swapped.parquet"):
+        data.load_training(f"{a},{swapped}", "both")
+    with pytest.raises(ValueError, match="two files name a verl pair, ORIGINALS.parquet,REPHRASINGS.parquet"):
+        data.load_training(f"{a},{b},{b}", "both")
+
+
+def test_a_file_without_rephrasings_is_refused_with_the_forms_that_carry_them(tmp_path):
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question": "What is 1+1?", "answer": "2"}) + "\n")
+    with pytest.raises(ValueError) as refused:
+        data.load_training(str(tmp_path / "q.jsonl"), "both")
+    message = str(refused.value)
+    assert "a parquet, JSON or JSONL file with a rephrasing column (one of ['rephrased_question', 'rephrased'])" in message
+    assert "--data ORIGINALS.parquet,REPHRASINGS.parquet" in message
 
 
 def test_training_on_a_benchmark_is_test_time_training():

@@ -39,7 +39,7 @@ def test_loss_by_hand():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     adv = torch.tensor([2.0])
     loss, clipped = grpo_loss(logp, old, ref, adv, mask, clip_eps=0.2, kl_coef=0.1, view=ZERO_VIEW,
-                              normalizers=torch.tensor([2.0, 0.0]), weight=torch.ones(1, 3))
+                              normalizers=torch.tensor([2.0, 0.0]), weight=torch.ones(1, 3), correction=torch.ones(1, 3))
     # token 0: ratio 1 -> -2; k3 with r = -0.2: e^-0.2 + 0.2 - 1 = 0.0187308
     # token 1: ratio 1.6487 clipped to 1.2 (A > 0) -> -2.4; k3 with r = 0 -> 0
     expected = (-2.0 + 0.1 * 0.0187308 + -2.4) / 2.0
@@ -48,7 +48,7 @@ def test_loss_by_hand():
     # negative advantage: the ratio is clipped from below at 1 - eps only when it is below
     loss_neg, _ = grpo_loss(torch.tensor([[-1.5]]), torch.tensor([[-1.0]]), torch.tensor([[-1.5]]),
                             torch.tensor([-1.0]), torch.tensor([[1.0]]), 0.2, 0.0, ZERO_VIEW, torch.ones(2),
-                            torch.ones(1, 1))
+                            torch.ones(1, 1), torch.ones(1, 1))
     # ratio e^-0.5 = 0.6065 -> min(-0.6065 * -1 ... ) : -min(-0.6065, -0.8) = 0.8
     assert loss_neg.item() == pytest.approx(0.8, abs=1e-6)
 
@@ -61,7 +61,8 @@ def test_two_views_each_take_their_own_token_mean(dist_world):
     view, adv = torch.tensor([0, 0, 1]), torch.tensor([1.0, 2.0, -1.0])
     normalizers = grpo.loss_normalizers_over_ranks(mask, view, world_size=1)
     assert normalizers.tolist() == [4.0, 2.0]
-    loss, _ = grpo_loss(logp, logp.detach(), logp.detach(), adv, mask, 0.2, 0.0, view, normalizers, torch.ones(3, 3))
+    loss, _ = grpo_loss(logp, logp.detach(), logp.detach(), adv, mask, 0.2, 0.0, view, normalizers, torch.ones(3, 3),
+                        torch.ones(3, 3))
     assert loss.item() == pytest.approx(-5 / 4 + 2 / 2)               # one mean over all 6 would be -3 / 6
     loss.backward()                                                    # d/dlogp = -A / N_view on each token
     assert torch.allclose(logp.grad, torch.tensor([[-1 / 4] * 3, [-2 / 4, 0, 0], [1 / 2, 1 / 2, 0]]))
@@ -73,7 +74,7 @@ def test_the_kl_term_is_clamped_at_ten_as_verl_does():
     logp = torch.tensor([[-15.0, -1.0]], requires_grad=True)
     ref = torch.tensor([[0.0, -1.2]])
     loss, _ = grpo_loss(logp, logp.detach(), ref, torch.zeros(1), torch.ones(1, 2), 0.2, 0.1, ZERO_VIEW,
-                        torch.tensor([2.0, 0.0]), torch.ones(1, 2))
+                        torch.tensor([2.0, 0.0]), torch.ones(1, 2), torch.ones(1, 2))
     assert loss.item() == pytest.approx(0.1 * (10 + 0.0187308) / 2, abs=1e-6)
     loss.backward()                                                    # d k3 / d logp = 1 - e^r, below the clamp
     assert logp.grad[0, 0] == 0 and logp.grad[0, 1].item() == pytest.approx(0.1 * (1 - torch.e ** -0.2) / 2)
@@ -88,7 +89,7 @@ def test_a_token_far_from_the_reference_gives_a_finite_gradient(log_r):
     ref = torch.tensor([[min(0.0, log_r), -1.2]])
     assert (ref - logp.detach())[0, 0] == log_r
     loss, _ = grpo_loss(logp, logp.detach(), ref, torch.zeros(1), torch.ones(1, 2), 0.2, 0.1, ZERO_VIEW,
-                        torch.tensor([2.0, 0.0]), torch.ones(1, 2))
+                        torch.tensor([2.0, 0.0]), torch.ones(1, 2), torch.ones(1, 2))
     loss.backward()
     assert loss.item() == pytest.approx(0.1 * (10 + 0.0187308) / 2, abs=1e-6)
     assert logp.grad.isfinite().all() and logp.grad[0, 0] == 0
@@ -169,7 +170,7 @@ def test_gradient_equals_reinforce_at_ratio_one():
     logp, _ = token_logprobs(model, b.input_ids, b.mask, temperature=0.7)
     n = b.mask.sum()
     loss, clipped = grpo_loss(logp, logp.detach(), logp.detach(), b.advantages, b.mask, 0.2, 0.0, b.view, n.repeat(2),
-                              b.weight)
+                              b.weight, b.weight)
     grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
     assert clipped.sum() == 0
     reinforce = -(b.advantages[:, None] * logp * b.mask).sum() / n
@@ -444,10 +445,10 @@ def test_rollout_correction_weights_by_hand():
     assert w_mis[0, 0] == 0 and w_tis[0, 0] == r[0, 2] and w_mis[1, 0] == w_tis[1, 0] == r[1, 0]
 
 
-def test_the_weight_scales_the_policy_term_only_and_keeps_the_normaliser():
-    """The loss with per-token weights, and its gradient, against the loss as TRL writes it: per_token_loss =
-    -min(ρ A, clip(ρ) A) · w + β k3 (the weight on the policy term, not on the KL term), summed on the mask over
-    the mask's token count (a token of weight 0 still counts). Ratios away from 1 (some clip), β = 0.1."""
+def test_the_correction_scales_the_policy_term_only_and_keeps_the_normaliser():
+    """The loss with a per-token rollout correction, and its gradient, against the loss as TRL writes it:
+    per_token_loss = -min(ρ A, clip(ρ) A) · w + β k3 (the weight on the policy term, not on the KL term), summed on
+    the mask over the mask's token count (a token of weight 0 still counts). Ratios away from 1 (some clip), β = 0.1."""
     model, b = _tiny_model(), _batch()
     g = torch.Generator().manual_seed(2)
     logp, _ = token_logprobs(model, b.input_ids, b.mask, temperature=1.0)
@@ -456,7 +457,7 @@ def test_the_weight_scales_the_policy_term_only_and_keeps_the_normaliser():
     weight = 3 * torch.rand(logp.shape, generator=g)
     weight[0, 2] = 0.0                                                  # a masked token of row 0
     n = b.mask.sum()
-    loss, clipped = grpo_loss(logp, old, ref, b.advantages, b.mask, 0.2, 0.1, b.view, n.repeat(2), weight)
+    loss, clipped = grpo_loss(logp, old, ref, b.advantages, b.mask, 0.2, 0.1, b.view, n.repeat(2), b.weight, weight)
     ratio, adv = (logp - old).exp(), b.advantages[:, None]
     per_token = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv) * weight \
         + 0.1 * (torch.exp(ref - logp) - (ref - logp) - 1)
@@ -510,7 +511,8 @@ def test_no_correction_is_bit_for_bit_the_unweighted_step(dist_world, monkeypatc
     leave the weights bit for bit where the loss without any weight leaves them."""
     batch = dataclasses.replace(_batch(n=8), sampler_logp=_batch(n=8).mask * -6.0)
 
-    def unweighted_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, view, normalizers, weight):
+    def unweighted_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, view, normalizers, weight,
+                        correction):
         ratio = torch.exp(logp - old_logp)
         adv = advantages[:, None]
         policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
@@ -529,3 +531,46 @@ def test_no_correction_is_bit_for_bit_the_unweighted_step(dist_world, monkeypatc
     assert stats["clipped_sum"] > 0 and stats["sampler_capped_sum"] > 0      # a cap would have acted
     for name in stepped[0]:
         assert torch.equal(stepped[0][name], stepped[1][name]), name
+
+
+def test_group_filters_by_hand():
+    rewards = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.0]])
+    assert grpo.GROUP_FILTERS["none"](rewards).tolist() == [True, True, True, True]
+    assert grpo.GROUP_FILTERS["zero_variance"](rewards).tolist() == [False, True, False, True]
+
+
+def test_a_dropped_group_leaves_its_views_token_mean_and_its_kl_term():
+    """View 0 holds rows 0 (2 tokens, A = 1) and 1 (3 tokens, A = 0, dropped: weight 0); view 1 row 2 (1 token,
+    A = -1). At ratio 1 with β = 0.1 and k3 = 0.0187308 on every token (log π_ref - log π_θ = -0.2): view 0's mean is
+    over row 0's 2 tokens alone, (-1 + 0.1 k3) x 2 / 2, and view 1's (1 + 0.1 k3) / 1. Without the drop, row 1's
+    3 tokens of KL would join view 0's sum and its count (5 tokens)."""
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    weight = torch.tensor([[1.0] * 3, [0.0] * 3, [1.0] * 3])
+    logp = torch.full((3, 3), -1.0)
+    view, adv = torch.tensor([0, 0, 1]), torch.tensor([1.0, 0.0, -1.0])
+    k3 = 0.0187308
+    normalizers = grpo.loss_normalizers_over_ranks(mask * weight, view, world_size=1)
+    assert normalizers.tolist() == [2.0, 1.0]
+    loss, _ = grpo_loss(logp, logp, logp - 0.2, adv, mask, 0.2, 0.1, view, normalizers, weight, torch.ones(3, 3))
+    assert loss.item() == pytest.approx((-1 + 0.1 * k3) + (1 + 0.1 * k3), abs=1e-6)
+    kept = grpo_loss(logp, logp, logp - 0.2, adv, mask, 0.2, 0.1, view,
+                     grpo.loss_normalizers_over_ranks(mask, view, world_size=1), torch.ones(3, 3), torch.ones(3, 3))[0]
+    assert kept.item() == pytest.approx((2 * (-1 + 0.1 * k3) + 3 * 0.1 * k3) / 5 + (1 + 0.1 * k3), abs=1e-6)
+
+
+def test_a_view_with_every_group_dropped_adds_zero_not_nan(dist_world):
+    """Every row of view 1 dropped: its normaliser is 1, not 0, its sum 0; the step is finite and moves the weights
+    as the step on view 0's rows alone does."""
+    batch = _batch(n=6)
+    batch.view = torch.tensor([0, 0, 0, 1, 1, 1])
+    dropped = dataclasses.replace(batch, weight=batch.weight * (batch.view == 0)[:, None])
+    assert grpo.loss_normalizers_over_ranks(dropped.mask * dropped.weight, dropped.view, 1)[1] == 1.0
+    cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=1, micro_batch_size=6)
+    stepped = []
+    for b in (dropped, batch.rows(torch.arange(3))):
+        model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
+        stats = train_step(model, ref, torch.optim.SGD(model.parameters(), lr=1e-1), b, cfg, 1)
+        assert math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
+        stepped.append(dict(gather_full_weights(model)))
+    for name in stepped[0]:
+        assert torch.allclose(stepped[0][name], stepped[1][name], atol=1e-7), name

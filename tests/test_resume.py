@@ -391,6 +391,20 @@ def test_a_method_name_that_is_no_longer_one_is_refused_with_the_new_name(capsys
     assert config.parse_args(["--method", "coreward3"]).teacher_prompts == "same"      # the current coreward3
 
 
+def test_a_checkpoint_from_before_the_group_filter_resumes_without_it_and_says_so(saved_run, capsys):
+    """A config.json written before --group_filter existed: the resume fills in the value that run ran under (none),
+    names the flag it filled in, and takes no other value for it than the one given, which must agree."""
+    out, saved = saved_run
+    ckpt = out / "checkpoints" / "step_2"
+    (ckpt / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "group_filter"}))
+    args, _ = _resume(["--resume", "--out", str(out)])
+    assert args.group_filter == "none"
+    assert f"resume: {ckpt} was saved before --group_filter existed; its run continues with the value it ran " \
+           f"under: --group_filter none" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--group_filter zero_variance differs from the checkpoint's none"):
+        _resume(["--resume", "--out", str(out), "--group_filter", "zero_variance"])
+
+
 def test_resume_finds_its_run_from_the_method_or_the_path(saved_run, monkeypatch):
     out, _ = saved_run
     path = str(out / "checkpoints" / "step_2")

@@ -187,3 +187,15 @@ def test_coreward3_departs_from_the_official_string_comparison_only_where_answer
     assert [g for g in range(4) if ours[g] != rewards[g]] == [0, 1]
     same_view = C3_TEACHER[2:] + C3_TEACHER[:2]
     assert official_co_rewarding_III(C3_POLICY, same_view)[0] == ["7", "", "7", "1/2"]   # q0 by 7 as strings
+
+
+def test_a_vote_over_both_views_gives_the_two_groups_one_label_even_on_a_tie():
+    """coreward1_union: q0 and q0' vote together, 3 x '3' against 3 x '5' (and a '4'); the tie goes to the class met
+    first with the original's answers first, '3', for both groups. Voting with each group's own answers first would
+    label q0' '5'. q1 and q1': 3 x '7' against 3 x '8', '7' for both."""
+    from rewards import label_groups
+    labels, voters = label_groups("coreward1_union", ANSWERS, GOLD)
+    assert labels == ["3", "7", "3", "7"]
+    assert voters[0] == voters[2] == ANSWERS[0] + ANSWERS[2] and voters[1] == voters[3] == ANSWERS[1] + ANSWERS[3]
+    from answers import majority_vote
+    assert majority_vote(ANSWERS[2] + ANSWERS[0]) == "5"                 # the order that would split the label

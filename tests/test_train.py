@@ -66,7 +66,7 @@ def run_in_process(out, method, *extra):
     def train_step(policy, ref, optimizer, batch, cfg, world_size, **kwargs):
         call = {"policy": policy, "ref": ref, "lr": optimizer.param_groups[0]["lr"], "ref_weights": _clone(ref), "cfg": cfg,
                 "input_ids": batch.input_ids.clone(), "mask": batch.mask.clone(),
-                "advantages": batch.advantages.clone()}
+                "advantages": batch.advantages.clone(), "weight": batch.weight.clone()}
         run.steps.append(call)
         call["stats"] = real_step(policy, ref, optimizer, batch, cfg, world_size, **kwargs)
         call["policy_after"] = _clone(policy)
@@ -284,8 +284,35 @@ def test_groups_out_of_their_prompts_order_stop_the_step(tmp_path, monkeypatch):
         return engine
     monkeypatch.setattr(train, "make_engine", shuffling_engine)
     run = run_in_process(tmp_path / "shuffled", "coreward1", *SHORT, "--backend", "hf", "--eval_limit", "1")
-    assert isinstance(run.error, AssertionError) and "not in the order of their prompts" in str(run.error)
+    assert isinstance(run.error, train.GroupOrderError) and "the policy: the group for question" in str(run.error)
+    assert "returned its groups out of the order of their prompts" in str(run.error)
     assert run.steps == []
+
+
+def test_the_teachers_groups_out_of_order_stop_the_step_too(tmp_path, monkeypatch):
+    real = train.teacher_rollout
+    monkeypatch.setattr(train, "teacher_rollout", lambda *args: real(*args)[::-1])
+    run = run_in_process(tmp_path / "shuffled", "coreward2", *SHORT, "--backend", "hf", "--eval_limit", "1")
+    assert isinstance(run.error, train.GroupOrderError) and "the teacher: the group for question" in str(run.error)
+    assert run.steps == []
+
+
+def test_the_group_order_check_holds_under_python_O():
+    """python -O drops `assert`: the check is an exception of its own, and names the question and view."""
+    program = """
+import types, train
+sample = lambda prompt: types.SimpleNamespace(prompt_ids=prompt)
+prompts, ids = [[1, 2], [3, 4], [5, 6], [7, 8]], [(10, 0), (11, 0), (10, 1), (11, 1)]
+groups = [[sample(p)] * 2 for p in prompts]
+train.check_groups(groups, prompts, ids, 2, "the policy")
+try:
+    train.check_groups(groups[:2] + groups[2:][::-1], prompts, ids, 2, "the policy")
+except train.GroupOrderError as e:
+    print("stopped:", e)
+"""
+    out = subprocess.run([sys.executable, "-O", "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "stopped: the policy: the group for question 10 (its rephrasing) holds 2 responses" in out.stdout
 
 
 def test_eval_k_0_evaluates_greedily_only(tmp_path, capsys):
@@ -433,9 +460,12 @@ def test_prompt_limit_too_small_is_refused(tmp_path):
 
 
 class FakeWandb:
-    """A stand-in for the wandb module: records init's arguments and every log call."""
+    """A stand-in for the wandb module: records init's arguments and every log call. It has a module's __spec__, which
+    importlib.util.find_spec reads of a module already imported (vLLM's first import asks for wandb)."""
     def __init__(self):
+        import importlib.machinery
         self.inits, self.logged = [], []
+        self.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
 
     def init(self, project, id, resume, config):
         self.inits.append({"project": project, "id": id, "resume": resume, "config": config})
@@ -766,3 +796,50 @@ def test_a_model_folder_a_run_wrote_keeps_its_preset_and_a_checkpoint_becomes_on
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert config.preset_of(str(folder))[0] == "classroom"
     assert config.preset_of(world.base_model_dir())[0] == "official"
+
+
+def test_the_zero_variance_filter_gives_the_groups_without_signal_no_weight(tmp_path):
+    """--group_filter zero_variance: the rows of each group whose rewards are all equal (zero advantages) get loss
+    weight 0, every other row 1, and groups_dropped is their share, zero_variance's; with none every weight is 1."""
+    for group_filter in ("zero_variance", "none"):
+        run = run_in_process(tmp_path / group_filter, "coreward1", *SHORT, "--steps", "1", "--group_filter",
+                             group_filter)
+        assert run.error is None
+        (call,), (record,) = run.steps, run.step_records
+        flat = (call["advantages"] == 0).view(-1, G).all(-1)                          # [groups] no signal
+        kept = call["weight"].view(-1, G, call["weight"].shape[-1]).amax((1, 2)) > 0   # [groups] any weight
+        if group_filter == "none":
+            assert (call["weight"] == 1).all() and record["groups_dropped"] == 0
+        else:
+            assert 0 < flat.sum() < len(flat) and (kept == ~flat).all()
+            assert record["groups_dropped"] == record["zero_variance"] == flat.float().mean().item()
+
+
+def test_an_epochs_leftover_questions_are_left_out_and_the_next_epoch_shuffles_them_all():
+    """10 questions at 4 a step: each epoch takes 8 different ones in 2 steps and leaves 2 out; the third step opens a
+    new epoch, a new shuffle of all 10."""
+    questions = train.Questions.shuffled(list(range(10)), seed=0)
+    first = questions.take(4, 0, 1)[1] + questions.take(4, 0, 1)[1]
+    order = list(questions.order)
+    second = questions.take(4, 0, 1)[1] + questions.take(4, 0, 1)[1]
+    assert len(set(first)) == len(set(second)) == 8
+    assert set(order) == set(range(10)) and first == order[:8]
+    assert questions.order != order and second == questions.order[:8]
+
+
+def test_the_classroom_model_trains_on_a_jsonl_of_classroom_pairs_as_on_the_shipped_ones(tmp_path, capsys):
+    """The prompt format follows the model: the classroom's pairs written to a JSONL of question, rephrasing and answer
+    train step for step as `--data classroom` does, in the classroom's format, with no unknown token."""
+    import data
+    pairs = data.classroom_pairs("train")
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"question": p.original, "rephrased": p.rephrased, "answer": p.answer}) + "\n"
+                            for p in pairs))
+    runs = [run_in_process(tmp_path / name, "coreward1", *SHORT, "--steps", "1", "--eval_limit", "1", *extra)
+            for name, extra in (("shipped", ()), ("jsonl", ("--data", str(path))))]
+    assert all(run.error is None for run in runs)
+    assert torch.equal(runs[0].steps[0]["input_ids"], runs[1].steps[0]["input_ids"])
+    times = ("t_rollout", "t_train", "t_sync")
+    records = [{k: v for k, v in run.step_records[0].items() if k not in times} for run in runs]
+    assert records[0] == records[1]
+    assert "unknown token" not in capsys.readouterr().out
