@@ -285,7 +285,7 @@ FLAGS = [
                                        "resumed run continues its run"),
     ("ema_start", dict(type=float), "the teacher's EMA decay at the schedule's start: the policy after step s of T "
                                     "is mixed in with the decay at s / T (teacher.py)"),
-    ("ema_end", dict(type=float), "... and at its end (the official code's differs: RUNNING.md, departures)"),
+    ("ema_end", dict(type=float), "... and at its end (the official code's differs: RECIPE.md, departures)"),
     ("max_sampler_gap", dict(type=float), "stop when the sampler's and the trainer's log-probs differ by more than "
                                           "this (mean per token; none: the ceiling of --dtype, run.SamplerGapWatch)"),
     ("sampler_gap_factor", dict(type=float), "warn when that gap exceeds this times its mean over the first steps"),

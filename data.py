@@ -355,7 +355,7 @@ class Prompt:
 
 
 # --prompt: `official` is the paper's (its system prompt, the question as the user's message); the others say more
-# plainly what to write, for small models that do not follow a system prompt (RUNNING.md, a real model on a CPU).
+# plainly what to write, for small models that do not follow a system prompt (GPUS.md, a real model on a CPU).
 PROMPTS = {
     "official": Prompt(SYSTEM_PROMPT),
     "user": Prompt(None, "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."),

@@ -50,7 +50,7 @@ rollout correction's factor (below) is another matter: it scales the policy term
 the normaliser as it is, as TRL and verl do.
 
 ROLLOUT CORRECTION (--rollout_correction; `none` by default and in the official preset, as the
-official code has none: any other is a departure, RUNNING.md). The sampler (vLLM, in bf16 say)
+official code has none: any other is a departure, RECIPE.md). The sampler (vLLM, in bf16 say)
 and the trainer compute the policy with different kernels, so the responses come from
 π_sampler, not quite π_old. TRL's GRPOTrainer (vllm_importance_sampling_correction, on by
 default there) and verl (rollout_corr: rollout_is) weight each response token's policy term by

@@ -67,7 +67,7 @@ def launch_ranks(ranks, program, argv):
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     # The agent's own reports repeat what the ranks print, followed by its traceback; and the threads it sets
-    # (OMP_NUM_THREADS=1 for each of several ranks) RUNNING.md states.
+    # (OMP_NUM_THREADS=1 for each of several ranks) GPUS.md states.
     for logger in [name for name in logging.root.manager.loggerDict if name.startswith("torch.distributed")]:
         logging.getLogger(logger).setLevel(logging.CRITICAL)         # each has its level (torch's LOGLEVEL)
     name = os.path.basename(program)
@@ -645,7 +645,7 @@ class SamplerGapWatch:
     - A stop when the gap passes the ceiling of the run's precision (SAMPLER_GAP_CEILING, or
       --max_sampler_gap): an engine on other weights than the trainer's. A skipped or partial sync passes it
       once the weights it left out have moved far enough; at a small learning rate that may take many steps,
-      and only the read-back sees it sooner (RUNNING.md, the weight sync).
+      and only the read-back sees it sooner (GPUS.md, the weight sync).
 
     `first` (the first steps' gaps) goes into checkpoints, so that a resumed run keeps its baseline."""
     BASELINE_STEPS = 3

@@ -2,7 +2,7 @@
 training time at the preset's --save_every.
 
     python bench/checkpoint.py                                  # the classroom model
-    python bench/checkpoint.py --model models/smollm2-135m      # SmolLM2-135M (RUNNING.md: A real model on a CPU)
+    python bench/checkpoint.py --model models/smollm2-135m      # SmolLM2-135M (GPUS.md: A real model on a CPU)
 
 For each model, a short `train.py` run (no checkpoints) gives the seconds per training step, from
 metrics.jsonl (rollout, train and sync; evaluations and engine start left out). Then the policy after
@@ -78,7 +78,7 @@ def main():
     import world
     from transformers import AutoTokenizer
     model_dir = args.model or world.base_model_dir()
-    # the classroom preset's step, or RUNNING.md's CPU step of a real model
+    # the classroom preset's step, or GPUS.md's CPU step of a real model
     flags = ["--steps", "4", "--eval_limit", "8", "--eval_every", "100"] if args.model is None else \
         ["--steps", "3", "--data", "openrs", "--questions_per_step", "4", "--group_size", "4",
          "--max_response_len", "128", "--eval_limit", "4", "--eval_every", "100", "--dtype", "float32"]

@@ -27,6 +27,12 @@ QUICK_FILES = ("test_grpo.py", "test_rewards.py", "test_teacher.py", "test_logpr
                "test_data.py", "test_config.py", "test_exercises.py", "test_scale.py")
 
 
+# The tests of documents (marked docs): each keeps a document true, to the code's tables or to what a command prints.
+# They run in the full suite and CI; a change to the code (a new method row) passes the quick tier before the documents
+# follow, and `pytest -m docs` then says which document and which line.
+DOC_FILES = ("test_readme.py", "test_documented_commands.py", "test_study_results.py")
+
+
 def pytest_collection_modifyitems(config, items):
     """Puts the tests marked `first` first: the suite's longest, so that xdist's other worker runs the rest beside
     them instead of waiting on one at the end. Marks the quick tier (QUICK_FILES). Tests marked `vllm` start vLLM's
@@ -35,7 +41,9 @@ def pytest_collection_modifyitems(config, items):
     from config import VLLM_PLATFORMS, vllm_installed
     items.sort(key=lambda item: item.get_closest_marker("first") is None)      # stable: the rest keep their order
     for item in items:
-        if item.path.name in QUICK_FILES and not (item.get_closest_marker("vllm") or item.get_closest_marker("full")):
+        if item.path.name in DOC_FILES:
+            item.add_marker(pytest.mark.docs)
+        if item.path.name in QUICK_FILES and not any(item.get_closest_marker(m) for m in ("vllm", "full", "docs")):
             item.add_marker(pytest.mark.quick)
     if vllm_installed():
         return

@@ -119,7 +119,7 @@ def test_a_checkpoint_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):
 
 
 def test_default_out_tells_the_documented_runs_apart():
-    """The README's classroom run, RUNNING.md's SmolLM2 run and the seed run: three folders."""
+    """The README's classroom run, GPUS.md's SmolLM2 run and the seed run: three folders."""
     assert config.default_out("coreward1", None) == os.path.join("runs", "coreward1")
     assert config.default_out("coreward1", "models/smollm2-135m") == os.path.join("runs", "coreward1-smollm2-135m")
     assert config.default_out("coreward1", "Qwen/Qwen3-4B-Base") == os.path.join("runs", "coreward1-Qwen3-4B-Base")

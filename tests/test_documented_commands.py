@@ -1,4 +1,4 @@
-"""Every command the documents give, read out of them: README.md, RUNNING.md, EXERCISES.md, WALKTHROUGH.md and the
+"""Every command the documents give, read out of them: README.md, RECIPE.md, GPUS.md, DATA.md, RESUME.md, METRICS.md, EXERCISES.md, WALKTHROUGH.md and the
 READMEs of classroom/ and of every folder of study/, in their bash blocks and their inline code. Each script a
 command names runs from the repository root, in a subprocess, with --help (the whole command is long: a run, a
 study), so that a script that cannot start (a lost import, a moved file) fails here; a train.py or eval.py command's
@@ -18,7 +18,7 @@ import pytest
 import config
 from conftest import ROOT
 
-DOCUMENTS = ["README.md", "RUNNING.md", "EXERCISES.md", "WALKTHROUGH.md", "classroom/README.md"] + \
+DOCUMENTS = ["README.md", "RECIPE.md", "GPUS.md", "DATA.md", "RESUME.md", "METRICS.md", "EXERCISES.md", "WALKTHROUGH.md", "classroom/README.md"] + \
     sorted(os.path.relpath(path, ROOT)
            for path in glob.glob(os.path.join(ROOT, "study", "**", "README.md"), recursive=True))
 LAUNCHERS = ("python", "python3", "torchrun")
@@ -84,7 +84,7 @@ SNIPPET_BLOCKS = [(doc, block) for doc in DOCUMENTS
 
 
 def test_the_documents_give_commands():
-    """The reader finds them: the README's default run, RUNNING.md's seed run, the study's and the exercises."""
+    """The reader finds them: the README's default run, RECIPE.md's seed run, the study's and the exercises."""
     given = {" ".join(words) for _, words, _ in COMMANDS}
     assert {"python train.py --method coreward1", "python classroom/check_reward.py"} <= given
     assert {"train.py", "eval.py", "study/study.py", "study/plot.py", "tools/smollm.py"} <= set(SCRIPTS)

@@ -1,5 +1,5 @@
 """The README's list of methods is rewards.METHOD_TABLE, row for row. Its shown output is what the default run
-prints: `python train.py --method coreward1` on 60 steps, its run.log (the console without the progress bar) compared
+prints (the transformers engine's, in bench/README.md): `python train.py --method coreward1` on 60 steps, its run.log (the console without the progress bar) compared
 line by line with the README's block, the seconds of each save masked and the run's folder named as the README names
 it; and, where vLLM is not installed, its evaluation lines on transformers' generate compared with the README's
 second block. About 3-4 minutes on 2 cores, each.
@@ -28,20 +28,27 @@ def method_row(method):
 
 
 def test_the_readme_lists_the_methods_of_the_table():
+    """README.md's list of methods is rewards.METHOD_TABLE, row for row; the message names each line to add or drop."""
     text = open(os.path.join(ROOT, "README.md")).read()
     header = "| method | label source | views | teacher answers | KL anchor | β | reward |\n|---|---|---|---|---|---|---|\n"
-    assert header in text, "README.md has lost its list of methods (## The algorithm)"
+    assert header in text, "README.md has lost its list of methods (## The methods)"
+    start = text[:text.index(header)].count("\n") + 3                       # the line of the first row
     listed = text.split(header, 1)[1].split("\n\n", 1)[0].splitlines()
     table = [method_row(m) for m in rewards.METHODS.values()]
-    assert listed == table, "README.md's list of methods differs from rewards.METHOD_TABLE; its rows should be:\n" \
-        + "\n".join(table)
+    missing = [f"  add at README.md line {start + i}: {row}" for i, row in enumerate(table) if row not in listed]
+    extra = [f"  drop README.md line {start + i}: {row}" for i, row in enumerate(listed) if row not in table]
+    assert listed == table, "README.md's list of methods (## The methods) differs from rewards.METHOD_TABLE:\n" + \
+        "\n".join(missing + extra or ["  the rows are in another order; rewards.METHOD_TABLE's:"] + table)
 
 
 def readme_blocks():
-    """The lines of each of the README's blocks of the default run's output: vLLM's, then transformers'."""
-    text = open(os.path.join(ROOT, "README.md")).read()
-    section = text.split("## What the default run prints", 1)[1].split("\n## ", 1)[0]
-    return [block.split("```", 1)[0].splitlines() for block in section.split("```text\n")[1:]]
+    """The lines of the blocks of the default run's output: vLLM's (README.md, "What the default run prints"), then
+    transformers' (bench/README.md, "The default run on either engine")."""
+    def first_block(path, heading):
+        section = open(os.path.join(ROOT, path)).read().split(heading, 1)[1].split("\n## ", 1)[0]
+        return section.split("```text\n")[1].split("```", 1)[0].splitlines()
+    return [first_block("README.md", "## What the default run prints"),
+            first_block(os.path.join("bench", "README.md"), "## The default run on either engine")]
 
 
 # How far an evaluation after step 0 may move on another processor: avg@8 is over 1,600 samples, greedy and maj@8

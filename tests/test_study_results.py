@@ -39,7 +39,7 @@ def test_a_study_redraws_from_its_committed_runs(folder, tmp_path):
 
 STUDY_TABLE = re.compile(r"^\| method \| seeds \| step \(last\) \|.*?(?=\n(?!\|)|\Z)", re.M | re.S)
 DOCUMENTS = sorted(glob.glob(os.path.join(ROOT, "study", "**", "*.md"), recursive=True)
-                   + [os.path.join(ROOT, name) for name in ("README.md", "RUNNING.md")])
+                   + glob.glob(os.path.join(ROOT, "*.md")))
 
 
 def test_each_study_table_a_document_shows_is_a_committed_table_whole():

@@ -96,6 +96,7 @@ def gap_masked(text):
 
 
 @pytest.mark.vllm                         # the document shows vLLM's samples
+@pytest.mark.docs
 def test_the_document_shows_what_the_script_prints(walkthrough):
     printed, regenerated = walkthrough
     with open(DOCUMENT) as f:
