@@ -141,18 +141,19 @@ class Method:
                 if v is not None}
 
 
-# One row a method. `python train.py --help` lists them; README.md's list of methods is this table.
+# One row a method. `python train.py --help` lists them; README.md's list of methods is this table. A new row goes
+# last: study/plot.py colours each method by its place here, and the committed figures keep theirs.
 #  method                 label source                 views       teacher      KL anchor  β      reward
 METHOD_TABLE = [
     ("gt",                  "gold",                      "original", None,        "start",   None,  agreement),
     ("majority",            "own vote",                  "original", None,        "start",   None,  agreement),
     ("coreward1",           "other view's vote",         "both",     None,        "start",   None,  agreement),
-    ("coreward1_union",     "both views' vote",          "both",     None,        "start",   None,  agreement),
     ("coreward2",           "teacher's vote",            "original", "same",      "teacher", 0.001, agreement),
     ("coreward3",           "teacher's other-view vote", "both",     "same",      "teacher", 0.001, agreement),
     ("coreward2_rephrased", "teacher's vote",            "original", "rephrased", "teacher", 0.001, agreement),
     ("self_certainty",      None,                        "original", None,        "start",   None,  self_certainty),
     ("entropy",             None,                        "original", None,        "start",   None,  negative_entropy),
+    ("coreward1_union",     "both views' vote",          "both",     None,        "start",   None,  agreement),
 ]
 METHODS = {name: Method(name, *facts) for name, *facts in METHOD_TABLE}
 
