@@ -482,3 +482,17 @@ def settings(argv=None, description=None):
     if resume is None:
         args.backend_reason = why
     return args, resume
+
+
+def preset_table():
+    """PRESET_TABLE as markdown, one row a setting and a column a preset (RECIPE.md shows it; tests/test_readme.py
+    checks that it shows this)."""
+    shown = lambda v: "–" if v is None else f"`{v}`"
+    return "\n".join([f"| setting | {' | '.join(PRESET_NAMES)} |", "|---" * (len(PRESET_NAMES) + 1) + "|"] +
+                     [f"| `--{name}` | " + " | ".join(shown(v) for v in values) + " |" for name, *values in PRESET_TABLE])
+
+
+if __name__ == "__main__":
+    argparse.ArgumentParser(description="Print the presets' table (PRESET_TABLE) as markdown, as RECIPE.md shows "
+                                        "it.").parse_args()
+    print(preset_table())

@@ -41,6 +41,14 @@ def test_the_readme_lists_the_methods_of_the_table():
         "\n".join(missing + extra or ["  the rows are in another order; rewards.METHOD_TABLE's:"] + table)
 
 
+def test_recipe_shows_the_presets_table_of_the_code():
+    """RECIPE.md shows config.PRESET_TABLE as `python config.py` prints it."""
+    import config
+    text = open(os.path.join(ROOT, "RECIPE.md")).read()
+    assert config.preset_table() in text, "RECIPE.md's presets table differs from config.PRESET_TABLE: replace it " \
+        "(under 'Every setting in each preset') with what `python config.py` prints"
+
+
 def readme_blocks():
     """The lines of the blocks of the default run's output: vLLM's (README.md, "What the default run prints"), then
     transformers' (bench/README.md, "The default run on either engine")."""
