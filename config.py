@@ -387,7 +387,7 @@ def resume_settings(args):
         print(f"resume: {path} was saved before " + ", ".join(f"--{k}" for k in filled) + " existed; its run continues "
               f"with the value it ran under: " + ", ".join(f"--{k} {v}" for k, v in filled.items()))
     settings = {**filled, **saved}
-    new = renamed(settings["method"], settings["teacher_prompts"])
+    new = renamed(settings["method"], settings.get("teacher_prompts", "same"))     # a config from before the flag
     if new and args.method != new:
         refuse(f"--resume {path}: its run trained --method {settings['method']}, which is now called {new}; add "
                f"--method {new} to continue it under that name")
