@@ -21,7 +21,8 @@ import sys
 import time
 
 import checkpoint
-from grpo import GROUP_FILTERS, ROLLOUT_CORRECTIONS
+from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, LOSS_AGGS, OVERLONGS, POLICY_LOSS_CLIPS,
+                  POLICY_LOSS_TABLE, ROLLOUT_CORRECTIONS)
 from rewards import METHODS
 
 class UsageError(Exception):
@@ -107,6 +108,15 @@ PRESET_TABLE = [
     ("group_filter",               "none",        "none"),    # as the official code: grpo.py, GROUP FILTERS
     ("rollout_correction",         "none",        "none"),    # as the official code: grpo.py, ROLLOUT CORRECTION
     ("rollout_correction_cap",     2.0,           2.0),       # verl's rollout_is_threshold (TRL's cap: 3)
+    # the loss family (grpo.py, THE LOSS FAMILY): each off, as the official code
+    ("policy_loss",                "clip",        "clip"),
+    ("loss_agg",                   "view_token_mean", "view_token_mean"),
+    ("advantage_std",              "group",       "group"),
+    ("clip_high",                  None,          None),      # none: --clip_eps (a symmetric clip)
+    ("overlong",                   "none",        "none"),
+    ("overlong_buffer",            8,             512),       # a sixth of --max_response_len (DAPO: 4,096 of 20,480)
+    ("entropy_coef",               0.0,           0.0),
+    ("rephrase_noise",             0.0,           0.0),       # a control (data.mismatch_rephrasings)
     ("cpu_kv_cache_gib",           0.25,          2.0),
     ("hf_kv_budget_gib",           0.0,           0.0),       # 0: from the free memory (rollout.HFEngine.kv_budget)
     ("gpu_memory_utilization",     0.75,          0.75),
@@ -141,7 +151,9 @@ TEACHER_PROMPTS = ("same", "rephrased")
 # Settings added since runs were saved: a checkpoint's config.json from before lacks them, and its run ran as
 # these values say (resume_settings fills them in, and says which).
 ADDED_SETTINGS = {"rollout_correction": "none", "rollout_correction_cap": 2.0, "hf_kv_budget_gib": 0.0,
-                  "group_filter": "none"}
+                  "group_filter": "none", "policy_loss": "clip", "loss_agg": "view_token_mean", "advantage_std": "group",
+                  "clip_high": None, "overlong": "none", "overlong_buffer": 8, "entropy_coef": 0.0,
+                  "rephrase_noise": 0.0}
 # Methods renamed when `coreward3` became the authors' Co-rewarding-III: (the name a run was saved under, the
 # --teacher_prompts its runs saved, the name of that method now). A resume of such a run, or --method with a name that
 # is no longer one, is refused with the new name (`renamed`).
@@ -204,6 +216,15 @@ def method_name(name):
         raise argparse.ArgumentTypeError(f"{name} is now called {renamed(name)}; a run saved under the old name resumes "
                                          f"with --resume --out ITS_FOLDER --method {renamed(name)}")
     return name
+
+
+POLICY_LOSSES_SHOWN = [name for name, *_ in POLICY_LOSS_TABLE]
+
+
+def clips_of(policy_loss):
+    """'--clip_eps 0.0003, --clip_high 0.0004': the clips a policy loss takes unless they are given."""
+    low, high = POLICY_LOSS_CLIPS[policy_loss]
+    return f"--clip_eps {low}, --clip_high {high}"
 
 
 # Every flag: (name, argparse options, help). values_of adds to each help the flag's values.
@@ -278,6 +299,25 @@ FLAGS = [
      "engine's, against their mismatch: none (the official code), tis (truncated at the cap), mis (masked above "
      "it), seq_tis and seq_mis (the response's product of ratios); grpo.py, ROLLOUT CORRECTION"),
     ("rollout_correction_cap", dict(type=float), "the cap C of --rollout_correction"),
+    ("policy_loss", dict(choices=POLICY_LOSSES_SHOWN), "the policy term (grpo.py, POLICY_LOSS_TABLE): clip (PPO's clip "
+                                                       "of each token's ratio), gspo (the response's ratio, clipped "
+                                                       "per response; its clips by default: "
+                                                       f"{clips_of('gspo')}), cispo (a clipped, detached ratio times "
+                                                       f"log-prob times A; {clips_of('cispo')})"),
+    ("loss_agg", dict(choices=LOSS_AGGS), "how the tokens' losses add up (grpo.py, LOSS_AGG_TABLE): "
+                                          "view_token_mean (a token mean per view, summed), token_mean (DAPO), "
+                                          "seq_mean_token_mean (GRPO's), seq_mean_token_sum_norm (Dr. GRPO: sums "
+                                          "over sequences x --max_response_len)"),
+    ("advantage_std", dict(choices=ADVANTAGE_STDS), "the advantages' divisor: group (the group's std), batch (the "
+                                                    "step's), none (Dr. GRPO: r - mean alone)"),
+    ("clip_high", dict(type=float), "the upper clip ε_high, above --clip_eps for DAPO's clip-higher (none: --clip_eps)"),
+    ("overlong", dict(choices=OVERLONGS), "a response cut at --max_response_len: none, mask (loss weight 0), or soft "
+                                          "(DAPO's penalty, linear over the last --overlong_buffer tokens)"),
+    ("overlong_buffer", dict(type=int), "the last tokens of --max_response_len over which --overlong soft's penalty "
+                                        "grows to minus one"),
+    ("entropy_coef", dict(type=float), "the entropy bonus: the loss takes minus this times each token's entropy"),
+    ("rephrase_noise", dict(type=float), "a control: this share of the training pairs gets another question's "
+                                         "rephrasing, seeded by --seed and fixed for the run (data.mismatch_rephrasings)"),
     ("save_every", dict(type=int), "write a checkpoint every K steps and at the last (0: never)"),
     ("keep_last", dict(type=int), "keep the newest N checkpoints (0: all)"),
     ("wandb", dict(metavar="PROJECT"), "also log every record of metrics.jsonl to Weights & Biases, project PROJECT "
@@ -312,6 +352,10 @@ def parse_args(argv=None, description=None):
     preset = {**PRESETS[args.preset], **METHOD_DEFAULTS.get(args.method, {})}     # the method's values win
     for key, value in preset.items():
         if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    # a policy loss's own clips (grpo.POLICY_LOSS_TABLE: GSPO's and CISPO's ranges) win over the preset's, not the flags
+    for key, value in zip(("clip_eps", "clip_high"), POLICY_LOSS_CLIPS[args.policy_loss]):
+        if value is not None and key not in args.given:
             setattr(args, key, value)
     args.out = args.out or (args.method and default_out(args.method, args.model))
     return args
@@ -441,7 +485,18 @@ def check_settings(args, world_size):
     if args.group_size < 2:
         refuse(f"--group_size {args.group_size} must be at least 2: advantages compare a response with the others "
                f"to its question (a group of one has no spread; the paper uses 8)")
+    if not (args.clip_eps > 0 and (args.clip_high is None or args.clip_high > 0)):
+        refuse(f"--clip_eps {args.clip_eps} and --clip_high {args.clip_high} must be positive")
+    if args.overlong == "soft" and not 0 < args.overlong_buffer < args.max_response_len:
+        refuse(f"--overlong soft with --overlong_buffer {args.overlong_buffer}: the buffer must be at least 1 token and "
+               f"shorter than --max_response_len {args.max_response_len}")
+    if not 0 <= args.rephrase_noise <= 1:
+        refuse(f"--rephrase_noise {args.rephrase_noise} must be a share, between 0 and 1")
     method = METHODS[args.method]
+    if args.rephrase_noise and args.views != "both" and args.teacher_prompts != "rephrased":
+        refuse(f"--rephrase_noise {args.rephrase_noise} mismatches rephrasings, which --method {args.method} "
+               f"--views {args.views} never reads: use a method that reads them (coreward1, coreward3, "
+               f"coreward2_rephrased) or --views both")
     if method.two_view and args.views != "both":
         refuse(f"--method {args.method} labels each question's responses with its rephrasing's vote: it needs "
                f"--views both, not --views {args.views}")

@@ -308,6 +308,29 @@ def report_unlabeled(pairs, name):
     return pairs
 
 
+def mismatch_rephrasings(pairs, share, seed):
+    """(pairs, a line for run.log): the control of --rephrase_noise. round(share x N) of the N pairs (at least 2),
+    drawn with `seed`, each take the rephrasing of the next of them (in the draw's order, the last the first's): every one of
+    them gets another question's rephrasing, fixed for the run. Its original and gold answer stay its own."""
+    import hashlib
+    import torch
+    count = max(2, round(share * len(pairs))) if share else 0           # one pair alone has no other to swap with
+    # a stream of its own: torch.randperm seeded by `seed` itself is the run's question order (train.Questions), whose
+    # first steps would then take exactly the mismatched pairs
+    stream = int.from_bytes(hashlib.blake2b(f"{seed}/rephrase_noise".encode(), digest_size=8).digest(), "little")
+    drawn = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(stream))[:count].tolist()
+    pairs = list(pairs)
+    rephrasings = [pairs[i].rephrased for i in drawn]
+    same_answer = 0
+    for place, i in enumerate(drawn):
+        other = drawn[(place + 1) % len(drawn)]
+        same_answer += pairs[other].answer == pairs[i].answer
+        pairs[i] = Pair(pairs[i].original, rephrasings[(place + 1) % len(drawn)], pairs[i].answer)
+    return pairs, (f"--rephrase_noise {share}: {len(drawn)} of the {len(pairs)} training pairs carry another "
+                   f"question's rephrasing (drawn with seed {seed}, fixed for the run); {same_answer} of those have "
+                   f"the same gold answer as the question they replace")
+
+
 def classroom_pairs(split):
     import world
     return [Pair(p.original, p.rephrased, p.answer) for p in world.make_split(split)]

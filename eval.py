@@ -1,10 +1,12 @@
-"""Evaluation: greedy accuracy, avg@k and maj@k of a model on held-out questions.
+"""Evaluation: greedy accuracy, avg@k, maj@k and pass@k of a model on held-out questions.
 
     greedy   one response at temperature 0, graded against the ground truth (what the official
              scripts validate with during training: greedy on the 5,000 MATH test questions)
     avg@k    k responses at the sampling temperature; the fraction that is right, averaged over
              questions: an estimate of pass@1 at that temperature, from k samples instead of one
     maj@k    the majority answer of those k responses is right
+    pass@j   the chance that at least one of j responses is right, for j = 1, 2, 4, ... below k and k
+             itself, estimated without bias from the k (Chen et al. 2021); pass@1 is avg@k
     boxed    the share of all 1 + k responses with a final answer (a \\boxed{}): whether the model
              writes the format the rewards read at all
 
@@ -34,6 +36,7 @@ A training checkpoint is first written out as a model folder, in a temporary dir
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -54,9 +57,32 @@ PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55),
                 "coreward2": (76.60, 89.23, 42.32)}
 
 
+def pass_at_k(n, c, k):
+    """pass@k of a question with n samples, c of them right: the chance that at least one of k samples
+    drawn without replacement from the n is right, 1 - C(n - c, k) / C(n, k), the unbiased estimator of
+    Chen et al. (2021, "Evaluating Large Language Models Trained on Code", Codex), 1.0 when n - c < k.
+    Computed as their product form, 1 - prod_{i = n - c + 1}^{n} (1 - k / i), which has no large
+    binomials. For 1 <= k <= n and 0 <= c <= n."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n (k of the n samples), got k={k}, n={n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n (c right of the n samples), got c={c}, n={n}")
+    if n - c < k:                              # every k of the n include a right one
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def pass_ks(k):
+    """The j of the pass@j that an evaluation with k samples reports: the powers of two below k, and k
+    (k = 8: 1, 2, 4, 8; k = 5: 1, 2, 4, 5; k = 0: none)."""
+    return [2 ** e for e in range(k.bit_length()) if 2 ** e < k] + ([k] if k >= 1 else [])
+
+
 def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM["max_response_len"], seed=0,
                 indices=None, keep=0):
-    """(sums, examples) over this share of the questions. sums: {"n", "greedy", "avg", "maj", "boxed"}.
+    """(sums, examples) over this share of the questions. sums: {"n", "greedy", "avg", "maj", "boxed"} and,
+    when k > 0, "pass" (pass@k at j = k: any of the k samples is right) and "pass@j" for j in pass_ks(k),
+    each the sum over questions of pass_at_k(k, right ones, j).
     examples: the first `keep` questions' greedy response and first sample, each with its extracted
     answer, the gold answer and its 0/1 reward (train.py writes them to samples.jsonl). `indices` are the
     questions' places in the benchmark (default 0, 1, ...): question i samples with the seed
@@ -70,13 +96,20 @@ def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASS
     sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens, seeds=seeds) if k else \
         [[] for _ in prompt_ids]                  # k = 0: greedy only, as the official scripts validate
     sums, examples = {"n": len(gold), "greedy": 0.0, "avg": 0.0, "maj": 0.0, "boxed": 0.0}, []
+    if k:                   # the same keys on every rank, whatever its share: sharding.all_sum adds them up
+        sums.update({"pass": 0.0, **{f"pass@{j}": 0.0 for j in pass_ks(k)}})
     for place, (i, g, group, answer) in enumerate(zip(indices, greedy, sampled, gold)):
         answers = [extract_answer(s.text) for s in group]
         first = extract_answer(g[0].text)
         sums["greedy"] += is_equiv(first, answer)
         sums["boxed"] += sum(a is not None for a in [first] + answers)
-        sums["avg"] += sum(is_equiv(a, answer) for a in answers) / max(k, 1)
+        right = sum(is_equiv(a, answer) for a in answers)
+        sums["avg"] += right / max(k, 1)
         sums["maj"] += bool(answers) and is_equiv(majority_vote(answers), answer)
+        if k:
+            sums["pass"] += pass_at_k(k, right, k)
+            for j in pass_ks(k):
+                sums[f"pass@{j}"] += pass_at_k(k, right, j)
         if place < keep:
             for kind, s in [("greedy", g[0])] + [("sample", s) for s in group[:1]]:
                 extracted = extract_answer(s.text)
@@ -87,10 +120,14 @@ def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASS
 
 def accuracies(sums, k):
     """Fractions of the sums; avg@k and maj@k are None when nothing was sampled (k = 0). boxed is over all
-    n * (1 + k) responses."""
+    n * (1 + k) responses. When k > 0, also "pass" (the mean pass@k at j = k) and "pass@j" for j in
+    pass_ks(k); at k = 0 they are absent."""
     n, sampled = max(sums["n"], 1), k > 0
-    return {"greedy": sums["greedy"] / n, "avg": sums["avg"] / n if sampled else None,
-            "maj": sums["maj"] / n if sampled else None, "boxed": sums["boxed"] / (n * (1 + k))}
+    fractions = {"greedy": sums["greedy"] / n, "avg": sums["avg"] / n if sampled else None,
+                 "maj": sums["maj"] / n if sampled else None, "boxed": sums["boxed"] / (n * (1 + k))}
+    if sampled:
+        fractions.update({key: sums[key] / n for key in ["pass"] + [f"pass@{j}" for j in pass_ks(k)]})
+    return fractions
 
 
 def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None, prompt="official"):
@@ -112,10 +149,13 @@ def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None, prompt="
 
 
 def markdown_table(results, k):
-    lines = [f"| benchmark | n | greedy | avg@{k} | maj@{k} | boxed |", "|---|---|---|---|---|---|"]
+    """The results as a markdown table: a row per benchmark; the pass@j of pass_ks(k) after maj@k (none at k = 0)."""
+    passes = [f"pass@{j}" for j in pass_ks(k)]
+    lines = [f"| benchmark | n | greedy | avg@{k} | maj@{k} | " + "".join(f"{p} | " for p in passes) + "boxed |",
+             "|---" * (6 + len(passes)) + "|"]
     shown = lambda value: "–" if value is None else f"{value:.3f}"         # avg@k and maj@k at k = 0
     lines += [f"| {name} | {r['n']} | {shown(r['greedy'])} | {shown(r['avg'])} | {shown(r['maj'])} | "
-              f"{shown(r['boxed'])} |" for name, r in results.items()]
+              + "".join(f"{shown(r[p])} | " for p in passes) + f"{shown(r['boxed'])} |" for name, r in results.items()]
     return "\n".join(lines)
 
 

@@ -99,11 +99,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from logprobs import token_logprobs, token_values
-from sharding import reshard
+from sharding import all_sum, reshard
 
 
 # --------------------------------------------------------------------------------------------
-# Advantages and loss
+# Advantages, and what shapes the rewards before them
 
 def keep_every_group(rewards):
     """[groups] True: every group trains (the official code)."""
@@ -124,19 +124,82 @@ GROUP_FILTER_TABLE = [
 GROUP_FILTERS = dict(GROUP_FILTER_TABLE)
 
 
-def group_advantages(rewards, eps=1e-6):
-    """rewards [P, G] -> advantages [P, G]; a group whose rewards are all equal gets zeros."""
+def no_overlong_shaping(rewards, lengths, truncated, max_len, buffer):
+    """The rewards as they are, every response's weight 1 (the official code)."""
+    return rewards, torch.ones_like(rewards)
+
+
+def mask_truncated(rewards, lengths, truncated, max_len, buffer):
+    """A response cut at the length limit gets loss weight 0 (DAPO's overlong filtering; TRL
+    mask_truncated_completions)."""
+    return rewards, (~truncated).float()
+
+
+def soft_overlong_penalty(rewards, lengths, truncated, max_len, buffer):
+    """DAPO's soft overlong punishment: the reward minus (L - (max_len - buffer)) / buffer for a response of L
+    tokens in the last `buffer` of the allowed length, 0 before it (verl's overlong_buffer, penalty_factor 1; TRL
+    get_soft_overlong_punishment)."""
+    return rewards + ((max_len - buffer - lengths) / buffer).clamp(max=0), torch.ones_like(rewards)
+
+
+# One row a shaping of overlong responses (OVERLONG): (rewards, lengths [groups, G] float, truncated [groups, G] bool,
+# max_len, buffer) -> (rewards, loss weight [groups, G]).
+#  --overlong  shaping
+OVERLONG_TABLE = [
+    ("none",   no_overlong_shaping),
+    ("mask",   mask_truncated),
+    ("soft",   soft_overlong_penalty),
+]
+OVERLONGS = dict(OVERLONG_TABLE)
+
+
+def group_std(rewards, eps):
+    """[groups, 1]: each group's std (Bessel's correction) + eps (GRPO; verl norm_adv_by_std_in_grpo=True, TRL
+    scale_rewards="group")."""
+    return rewards.std(-1, keepdim=True) + eps
+
+
+def batch_std(rewards, eps):
+    """[1, 1]: the std (Bessel's correction) of every reward of the step, on all ranks, + eps: a collective, all_sum
+    of their count, sum and sum of squares (TRL scale_rewards="batch")."""
+    t = all_sum({"n": rewards.numel(), "sum": rewards.sum().item(), "squares": (rewards ** 2).sum().item()},
+                rewards.device)
+    variance = (t["squares"] - t["sum"] ** 2 / t["n"]) / max(t["n"] - 1, 1)
+    return rewards.new_full((1, 1), math.sqrt(max(variance, 0.0)) + eps)
+
+
+def unit_scale(rewards, eps):
+    """[1, 1] 1: r - mean(r), unscaled (Dr. GRPO; verl norm_adv_by_std_in_grpo=False, TRL scale_rewards="none")."""
+    return rewards.new_ones(1, 1)
+
+
+# One row a scale of the advantages (--advantage_std): (rewards [groups, G], eps) -> the divisor of r - mean(r).
+#  --advantage_std  scale
+ADVANTAGE_STD_TABLE = [
+    ("group",        group_std),
+    ("batch",        batch_std),
+    ("none",         unit_scale),
+]
+ADVANTAGE_STDS = dict(ADVANTAGE_STD_TABLE)
+
+
+def group_advantages(rewards, eps=1e-6, scale=group_std):
+    """rewards [P, G] -> advantages [P, G]: (r - the group's mean) / scale(rewards, eps), by default the group's std
+    + eps (ADVANTAGE_STD_TABLE); a group whose rewards are all equal gets zeros."""
     if rewards.shape[-1] < 2:
         raise ValueError(f"groups of {rewards.shape[-1]} response(s): advantages normalise within a group, "
                          f"which needs at least 2")
     mean = rewards.mean(-1, keepdim=True)
-    std = rewards.std(-1, keepdim=True)                      # unbiased; G must be ≥ 2
-    return (rewards - mean) / (std + eps)
+    return (rewards - mean) / scale(rewards, eps)
 
+
+# --------------------------------------------------------------------------------------------
+# The loss: a policy term, a KL term, an entropy bonus, and how the tokens' losses add up
 
 VIEWS = 2                   # a batch's views: 0 the original questions, 1 their rephrasings
 KL_CLAMP = 10.0             # verl's low_var_kl clamps k3 to [-10, 10] ...
 LOG_RATIO_CLAMP = 20.0      # ... and log π_ref - log π_θ to [-20, 20] before the exp
+SEQ_LOG_RATIO_MAX = 10.0    # GSPO's log s_i is clamped above at 10 before the exp, as verl's
 
 
 def k3(logp, ref_logp):
@@ -145,28 +208,125 @@ def k3(logp, ref_logp):
     return (torch.exp(log_r) - log_r - 1).clamp(-KL_CLAMP, KL_CLAMP)
 
 
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, view, normalizers, weight,
-              correction):
-    """GRPO loss over a micro-batch: each view's weighted token sum divided by its normalizer, summed over
-    views (see NORMALISATION). logp, old_logp, ref_logp, mask [B, T-1]; advantages, view [B];
-    normalizers [VIEWS]; weight [B, T-1] each token's loss weight (NORMALISATION); correction [B, T-1]
-    multiplies each token's policy term, not its KL term (ROLLOUT CORRECTION). Returns (loss, clipped [B, T-1])."""
-    ratio = torch.exp(logp - old_logp)                                             # [B, T-1]
-    adv = advantages[:, None]
-    policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv) * correction
-    per_token = (policy_term + kl_coef * k3(logp, ref_logp)) * mask * weight       # [B, T-1]
-    loss = sum(per_token[view == v].sum() / normalizers[v] for v in view.unique().tolist())
-    clipped = (ratio * adv > ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).float()
-    return loss, clipped
+def clipped_surrogate(ratio, adv, low, high):
+    """-min(ρ A, clip(ρ, 1 - low, 1 + high) A) [B, T-1], and the tokens whose clip binds: below (ρ < 1 - low, A < 0)
+    and above (ρ > 1 + high, A > 0)."""
+    term = -torch.minimum(ratio * adv, ratio.clamp(1 - low, 1 + high) * adv)
+    return term, (ratio < 1 - low) & (adv < 0), (ratio > 1 + high) & (adv > 0)
 
 
-def loss_normalizers_over_ranks(weight, view, world_size):
-    """[VIEWS]: each view's weight over its response tokens in the global mini-batch (its token count when every
-    weight is 1) / world_size; 1 for a view with none (see NORMALISATION). weight [B, T-1] (the mask times the loss
-    weights) and view [B] of this rank's rows of the mini-batch."""
-    n = torch.zeros(VIEWS, device=weight.device).index_add_(0, view, weight.sum(-1))
+def token_clip(logp, old_logp, adv, mask, low, high):
+    """PPO's clip on each token's ratio ρ_t = π_θ / π_old (GRPO; DAPO's clip-higher with high > low).
+    verl loss_mode=vanilla, clip_ratio_low/high; TRL importance_sampling_level="token", epsilon/epsilon_high."""
+    return clipped_surrogate(torch.exp(logp - old_logp), adv, low, high)
+
+
+def sequence_clip(logp, old_logp, adv, mask, low, high):
+    """GSPO (Zheng et al. 2025): the response's ratio s_i = exp(mean over its tokens of log π_θ - log π_old), the
+    geometric mean of its tokens' ratios, clipped per response, on each of its tokens. Its gradient reaches every
+    token through s_i: ∂s_i/∂log π_θ(o_t) = s_i / |o_i|. verl loss_mode=gspo; TRL importance_sampling_level=
+    "sequence"."""
+    log_s = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)   # [B, 1]
+    return clipped_surrogate(torch.exp(log_s.clamp(max=SEQ_LOG_RATIO_MAX)).expand_as(logp), adv, low, high)
+
+
+def clipped_weight(logp, old_logp, adv, mask, low, high):
+    """CISPO (MiniMax-M1): -sg(clip(ρ_t, 1 - low, 1 + high)) A log π_θ(o_t): the clipped ratio weights the
+    REINFORCE term and is detached, so that every token keeps a gradient, a clipped one too. verl loss_mode=cispo;
+    TRL loss_type="cispo"."""
+    ratio = torch.exp(logp - old_logp)
+    term = -ratio.clamp(1 - low, 1 + high).detach() * adv * logp
+    return term, ratio < 1 - low, ratio > 1 + high
+
+
+# One row a policy term (--policy_loss): (logp, old_logp [B, T-1], A [B, 1], mask [B, T-1], ε_low, ε_high) ->
+# (the term [B, T-1], clipped below, clipped above [B, T-1] bool); and the ε_low, ε_high it takes unless --clip_eps,
+# --clip_high say otherwise (None: the preset's --clip_eps for both).
+#  --policy_loss  term            ε_low   ε_high   from
+POLICY_LOSS_TABLE = [
+    ("clip",       token_clip,      None,   None),   # PPO/GRPO (Shao et al. 2024): the official code
+    ("gspo",       sequence_clip,   3e-4,   4e-4),   # GSPO (Zheng et al. 2025), its paper's ranges
+    ("cispo",      clipped_weight,  1.0,    4.0),    # CISPO (MiniMax-M1 2025): no lower clip; ε_high as ScaleRL's
+]
+POLICY_LOSSES = {name: term for name, term, *_ in POLICY_LOSS_TABLE}
+POLICY_LOSS_CLIPS = {name: (low, high) for name, _, low, high in POLICY_LOSS_TABLE}
+
+
+@dataclass
+class Normalizers:
+    """A mini-batch's sums over all ranks, each divided by the world size W (`loss_normalizers_over_ranks`); a
+    zero sum is taken as W, so that a normaliser is never 0 (NORMALISATION)."""
+    view_tokens: torch.Tensor   # [VIEWS] the weight of each view's response tokens (its token count when weights are 1)
+    tokens: torch.Tensor        # [] the weight of every response token
+    sequences: torch.Tensor     # [] the sequences with any weight
+    max_response_len: int       # the longest response allowed (Dr. GRPO's constant)
+
+
+def view_token_mean(per_token, view, weight, n):
+    """Σ_views Σ_{view's tokens} loss_t / N_tokens(view): J(q) + J(q'), one token mean per view (the official code)."""
+    return sum(per_token[view == v].sum() / n.view_tokens[v] for v in view.unique().tolist())
+
+
+def token_mean(per_token, view, weight, n):
+    """Σ loss_t / N_tokens: one token mean over the mini-batch (DAPO; verl token-mean, TRL loss_type="dapo")."""
+    return per_token.sum() / n.tokens
+
+
+def seq_mean_token_mean(per_token, view, weight, n):
+    """Σ_seq (Σ_t loss_t / n_seq) / N_seq: each response's token mean, averaged over responses (the original GRPO;
+    verl seq-mean-token-mean, TRL loss_type="grpo")."""
+    return (per_token.sum(-1) / weight.sum(-1).clamp(min=1)).sum() / n.sequences
+
+
+def seq_mean_token_sum_norm(per_token, view, weight, n):
+    """Σ loss_t / (N_seq · L_max): token sums over a constant (Dr. GRPO; verl seq-mean-token-sum-norm, TRL
+    loss_type="dr_grpo")."""
+    return per_token.sum() / (n.sequences * n.max_response_len)
+
+
+# One row an aggregation of the tokens' losses into the loss (--loss_agg; NORMALISATION states each):
+# (per_token [B, T-1], view [B], weight [B, T-1] the mask times the loss weights, Normalizers) -> this rank's loss.
+#  --loss_agg                agg
+LOSS_AGG_TABLE = [
+    ("view_token_mean",         view_token_mean),
+    ("token_mean",              token_mean),
+    ("seq_mean_token_mean",     seq_mean_token_mean),
+    ("seq_mean_token_sum_norm", seq_mean_token_sum_norm),
+]
+LOSS_AGGS = dict(LOSS_AGG_TABLE)
+
+
+def grpo_loss(logp, old_logp, ref_logp, entropy, part, n, correction, cfg):
+    """The loss of a micro-batch `part` (a Batch: its advantages, mask, view and weight) under `cfg` (StepConfig: the
+    policy loss, aggregation, clips, β and entropy coefficient): the aggregation (NORMALISATION) of each token's
+
+        loss_t = weight_t · (c_t · policy_t + β k3_t - entropy_coef · H_t)
+
+    logp, old_logp, ref_logp, entropy (H), correction (c) [B, T-1]; n: Normalizers. Returns (loss, terms): terms are
+    each token's parts as they enter the loss, weighted and detached [B, T-1], "policy", "kl" and "entropy" (the bonus,
+    with its minus sign), and the clip's "clipped_low" and "clipped_high" (0/1), for the step's metrics."""
+    low, high = cfg.clip_eps, cfg.clip_eps if cfg.clip_high is None else cfg.clip_high
+    policy, below, above = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, part.advantages[:, None], part.mask, low,
+                                                          high)
+    policy, kl, bonus = policy * correction, cfg.kl_coef * k3(logp, ref_logp), cfg.entropy_coef * entropy
+    per_token = (policy + kl - bonus) * part.mask * part.weight                                  # [B, T-1]
+    weight = part.mask * part.weight
+    loss = LOSS_AGGS[cfg.loss_agg](per_token, part.view, weight, n)
+    terms = {"policy": policy.detach() * weight, "kl": kl.detach() * weight, "entropy": -bonus.detach() * weight,
+             "clipped_low": below.float(), "clipped_high": above.float()}
+    return loss, terms
+
+
+def loss_normalizers_over_ranks(weight, view, world_size, max_response_len):
+    """Normalizers of a mini-batch (one all-reduce): each view's weight over its response tokens, every token's, and
+    the sequences with any weight, in the global mini-batch, / world_size; W for a sum of 0 (NORMALISATION).
+    weight [B, T-1] (the mask times the loss weights) and view [B] of this rank's rows of the mini-batch."""
+    n = torch.zeros(VIEWS + 2, device=weight.device)
+    n[:VIEWS].index_add_(0, view, weight.sum(-1))
+    n[VIEWS], n[VIEWS + 1] = weight.sum(), (weight.sum(-1) > 0).sum()
     dist.all_reduce(n)
-    return torch.where(n > 0, n, world_size) / world_size
+    n = torch.where(n > 0, n, world_size) / world_size
+    return Normalizers(n[:VIEWS], n[VIEWS], n[VIEWS + 1], max_response_len)
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,6 +445,11 @@ class StepConfig:
     defer_grad_sync: bool = False   # reduce-scatter gradients once per update, not after every micro-batch
     rollout_correction: str = "none"        # a row of ROLLOUT_CORRECTION_TABLE
     rollout_correction_cap: float = 2.0     # its C
+    policy_loss: str = "clip"               # a row of POLICY_LOSS_TABLE
+    loss_agg: str = "view_token_mean"       # a row of LOSS_AGG_TABLE
+    clip_high: float | None = None          # ε_high (None: clip_eps, a symmetric clip)
+    entropy_coef: float = 0.0               # the entropy bonus's coefficient
+    max_response_len: int = 48              # the longest response allowed (seq_mean_token_sum_norm's constant)
 
 
 def pack_by_tokens(lengths, max_tokens, passes=0):
@@ -384,12 +549,11 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     ref_logp = score(ref, batch, cfg)
     old_logp = score(policy, batch, cfg) if cfg.mini_batches > 1 else None
     m = batch.mask
-    stats = {"tokens": m.sum().item(), "kl_sum": 0.0, "entropy_sum": 0.0, "sampler_gap_sum": 0.0,
-             "sampler_ratio_sum": 0.0, "sampler_capped_sum": 0.0, "clipped_sum": 0.0, "grad_norm": 0.0}
+    stats = {"grad_norm": 0.0, "updates": cfg.mini_batches}
     order = torch.randperm(len(batch)) if order is None else order
     lengths = batch.lengths()
     for update, mb in enumerate(order.to(m.device).chunk(cfg.mini_batches)):
-        normalizers = loss_normalizers_over_ranks(m[mb] * batch.weight[mb], batch.view[mb], world_size)
+        n = loss_normalizers_over_ranks(m[mb] * batch.weight[mb], batch.view[mb], world_size, cfg.max_response_len)
         nonfinite = torch.zeros(2, device=m.device)          # [losses, sampler gaps] that are NaN or inf
         passes = micro_batches_for_all_ranks(lengths[mb], cfg)
         for j, part_rows in enumerate(passes):
@@ -397,23 +561,19 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
             part = batch.rows(rows)
             width = part.mask.shape[1]
             policy.set_requires_gradient_sync(not cfg.defer_grad_sync or j == len(passes) - 1)
-            logp, entropy = token_logprobs(policy, part.input_ids, part.mask, cfg.temperature, entropy=True)
+            logp, entropy = token_logprobs(policy, part.input_ids, part.mask, cfg.temperature, entropy=True,
+                                           entropy_grad=cfg.entropy_coef != 0)
             old = logp.detach() if old_logp is None else old_logp[rows, :width]
             ref_part = ref_logp[rows, :width]
             correction, ratios = rollout_correction(cfg.rollout_correction, old, part.sampler_logp, part.mask,
                                                     cfg.rollout_correction_cap)
-            loss, clipped = grpo_loss(logp, old, ref_part, part.advantages, part.mask, cfg.clip_eps, cfg.kl_coef,
-                                      part.view, normalizers, part.weight, correction)
+            loss, terms = grpo_loss(logp, old, ref_part, entropy, part, n, correction, cfg)
             loss.backward()
             with torch.no_grad():
                 gap = ((part.sampler_logp - old).abs() * part.mask).sum()
                 nonfinite += torch.stack([~loss.isfinite(), ~gap.isfinite()]).float()
-                stats["kl_sum"] += (k3(logp, ref_part) * part.mask).sum().item()
-                stats["entropy_sum"] += (entropy * part.mask).sum().item()
-                stats["sampler_gap_sum"] += gap.item()
-                stats["sampler_ratio_sum"] += (ratios * part.mask).sum().item()
-                stats["sampler_capped_sum"] += ((ratios > cfg.rollout_correction_cap) * part.mask).sum().item()
-                stats["clipped_sum"] += (clipped * part.mask).sum().item()
+                tally(stats, part, n, cfg, loss=loss, terms=terms, kl=k3(logp, ref_part), entropy=entropy, gap=gap,
+                      ratios=ratios)
         dist.all_reduce(nonfinite)                    # a loss is rank-local: every rank must stop together
         norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
         norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
@@ -427,3 +587,24 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return stats
+
+
+def tally(stats, part, n, cfg, **values):
+    """Add a micro-batch's sums to the step's `stats` (train_step's record): token sums over the masked positions,
+    and the loss and its parts as this rank's share of each update's loss, whole and for each view (the rows of
+    that view alone, under the same aggregation: the views' parts add up to the whole)."""
+    mask, agg = part.mask, LOSS_AGGS[cfg.loss_agg]
+    weight = mask * part.weight
+    sums = {"tokens": mask.sum(), "kl_sum": values["kl"] * mask, "entropy_sum": values["entropy"] * mask,
+            "sampler_gap_sum": values["gap"], "sampler_ratio_sum": values["ratios"] * mask,
+            "sampler_capped_sum": (values["ratios"] > cfg.rollout_correction_cap) * mask,
+            "clipped_low_sum": values["terms"]["clipped_low"] * mask,
+            "clipped_high_sum": values["terms"]["clipped_high"] * mask, "loss_sum": values["loss"]}
+    for v in range(VIEWS):
+        in_view = (part.view == v)[:, None].float()
+        for term in ("policy", "kl", "entropy"):
+            sums[f"loss_{term}_sum/{v}"] = agg(values["terms"][term] * in_view, part.view, weight, n)
+        sums[f"clipped_sum/{v}"] = (values["terms"]["clipped_low"] + values["terms"]["clipped_high"]) * mask * in_view
+        sums[f"tokens/{v}"] = mask * in_view
+    for key, value in sums.items():
+        stats[key] = stats.get(key, 0.0) + value.sum().item()

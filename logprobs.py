@@ -15,8 +15,8 @@ output layer runs over LOGIT_CHUNK of them at a time (`ChunkedLogprobs`). The fo
 hidden [n, H] and one logsumexp per token; the backward recomputes each chunk's logits. One
 [chunk, V] fp32 block is alive at a time, whatever the sequence length.
 
-- `token_logprobs`: log-probs of the response tokens (and, without gradient, the entropy of each
-  position's distribution), for the loss;
+- `token_logprobs`: log-probs of the response tokens (and the entropy of each position's
+  distribution, with a gradient for the loss's entropy bonus), for the loss;
 - `token_values`: any function of each position's whole log-prob vector (the answer-free rewards).
 """
 import warnings
@@ -70,12 +70,13 @@ def _chunk_logits(hidden, weight, temperature):
 
 class ChunkedLogprobs(torch.autograd.Function):
     """log p(target) = z[target] - logsumexp(z), z = hidden @ weight.T / T, chunk by chunk; with
-    `entropy`, also (no grad) the entropy logsumexp(z) - Σ softmax(z) z of each distribution.
-    Saved for the backward: hidden, weight, targets and the logsumexp [n]. The backward recomputes
-    each chunk's z and uses d log p(target) / dz = onehot(target) - softmax(z)."""
+    `entropy`, also the entropy H = logsumexp(z) - Σ softmax(z) z of each distribution (with a gradient
+    only when `entropy_grad`). Saved for the backward: hidden, weight, targets, the logsumexp [n] and H.
+    The backward recomputes each chunk's z and uses d log p(target) / dz = onehot(target) - softmax(z),
+    and dH/dz = -softmax(z) (log softmax(z) + H)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, entropy):
+    def forward(ctx, hidden, weight, targets, temperature, entropy, entropy_grad=False):
         logp = torch.empty(len(hidden), dtype=torch.float32, device=hidden.device)         # [n]
         lse, ent = torch.empty_like(logp), torch.empty_like(logp) if entropy else logp.new_empty(0)
         for rows, z in _chunk_logits(hidden, weight, temperature):                      # z [c, V]
@@ -83,20 +84,25 @@ class ChunkedLogprobs(torch.autograd.Function):
             logp[rows] = z.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
             if entropy:
                 ent[rows] = lse[rows] - torch.linalg.vecdot((z - lse[rows, None]).exp_(), z)
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature = temperature
-        ctx.mark_non_differentiable(ent)
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
+        ctx.temperature, ctx.entropy_grad = temperature, entropy_grad
+        if not entropy_grad:
+            ctx.mark_non_differentiable(ent)
         return logp, ent
 
     @staticmethod
-    def backward(ctx, grad_logp, _):
-        hidden, weight, targets, lse = ctx.saved_tensors
+    def backward(ctx, grad_logp, grad_ent):
+        hidden, weight, targets, lse, ent = ctx.saved_tensors
         # the output layer's gradient is summed over the chunks in fp32 and cast once: in bf16, a sum over the
         # ~16 chunks of a long micro-batch would round at every chunk
         grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight, dtype=torch.float32)
         for rows, z in _chunk_logits(hidden, weight, ctx.temperature):
             g = grad_logp[rows, None]                                                   # [c, 1]
-            dz = z.sub_(lse[rows, None]).exp_().mul_(-g)                                # -softmax(z) g, in place
+            if ctx.entropy_grad:          # dH/dz = -softmax(z) (log softmax(z) + H): -p (g + g_H (log p + H))
+                logp_all = z.sub_(lse[rows, None])
+                dz = logp_all.exp() * -(g + grad_ent[rows, None] * (logp_all + ent[rows, None]))
+            else:
+                dz = z.sub_(lse[rows, None]).exp_().mul_(-g)                            # -softmax(z) g, in place
             dz.scatter_add_(-1, targets[rows, None], g).div_(ctx.temperature)          # + onehot(target) g
             dz = dz.to(hidden.dtype)
             grad_hidden[rows] = dz @ weight
@@ -104,15 +110,16 @@ class ChunkedLogprobs(torch.autograd.Function):
                 grad_weight.addmm_(dz.T, hidden[rows])
             else:                                                                       # the chunk's product in
                 grad_weight += dz.T @ hidden[rows]                                      # bf16, summed in fp32
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None
 
 
-def token_logprobs(model, input_ids, mask, temperature, entropy=False):
+def token_logprobs(model, input_ids, mask, temperature, entropy=False, entropy_grad=False):
     """log π(token_{t+1} | tokens ≤ t) at the sampling temperature where `mask` [B, T-1] is 1 (0
-    elsewhere): logp [B, T-1]; with `entropy`, also (no grad) the entropy of that distribution
-    [B, T-1], else None. input_ids [B, T] right-padded (causal attention needs no mask then)."""
+    elsewhere): logp [B, T-1]; with `entropy`, also the entropy of that distribution [B, T-1] (with a
+    gradient when `entropy_grad`: the loss's entropy bonus), else None. input_ids [B, T] right-padded
+    (causal attention needs no mask then)."""
     hidden, targets, weight = response_hidden(model, input_ids, mask)
-    logp, ent = ChunkedLogprobs.apply(hidden, weight, targets, temperature, entropy)
+    logp, ent = ChunkedLogprobs.apply(hidden, weight, targets, temperature, entropy or entropy_grad, entropy_grad)
     keep = mask.bool()
     scatter = lambda v: torch.zeros(mask.shape, dtype=v.dtype, device=v.device).masked_scatter(keep, v)
     return scatter(logp), scatter(ent) if entropy else None

@@ -21,6 +21,10 @@ label source, LABEL_SOURCES):
                                Co-rewarding-III/ code does)
     both views' vote           the 2G responses to both views of the question vote together, and
                                their majority labels both groups (`coreward1_union`, a variant)
+    a coin                     no one: each response's reward is a fair coin, seeded by its group
+                               (run seed, step, question, view), blind to the answer (`random`, the
+                               control of Spurious Rewards, Shao et al. 2025: what a reward with no
+                               information about the answer teaches)
 
 Which views vote (LabelSource.views): the group's own (`own`), its twin's (`other`) or both
 (`both`). A vote over both views takes the original's answers first, then the rephrasing's, for
@@ -72,6 +76,13 @@ def rewards_for(answers, labels):
             for group, label in zip(answers, labels)]
 
 
+def coin_flip(answers, labels, voters):
+    """[groups][G] rewards in {0, 1}: a fair coin for each response, blind to its answer, from its group's coin seed
+    (its voters: [seed], rollout.request_seed's "reward" role), the Spurious Rewards control (Shao et al. 2025)."""
+    return [torch.randint(0, 2, (len(group),), generator=torch.Generator().manual_seed(seed)).float().tolist()
+            for group, (seed,) in zip(answers, voters)]
+
+
 def self_certainty(logp_all):
     """KL(U || p) = -log V - (1/V) sum_v log p(v) of each token's distribution: logp_all [c, V] -> [c]."""
     return -math.log(logp_all.shape[-1]) - logp_all.mean(-1)
@@ -87,7 +98,8 @@ def negative_entropy(logp_all):
 
 @dataclasses.dataclass(frozen=True)
 class LabelSource:
-    voters: str            # whose answers vote: "gold" (the ground truth alone), "policy" or "teacher"
+    voters: str            # whose answers vote: "gold" (the ground truth alone), "policy" or "teacher"; or "coin": no
+                           # one, the group's coin seed is its voter and it has no label (the random control)
     views: str             # the answers to which views vote for a group's label: its "own", its twin's ("other": the
                            # other view of its question) or "both" (the original's, then the rephrasing's)
 
@@ -99,6 +111,7 @@ LABEL_SOURCES = {
     "both views' vote":          LabelSource("policy", "both"),
     "teacher's vote":            LabelSource("teacher", "own"),
     "teacher's other-view vote": LabelSource("teacher", "other"),
+    "a coin":                    LabelSource("coin", "own"),
 }
 
 
@@ -154,6 +167,7 @@ METHOD_TABLE = [
     ("self_certainty",      None,                        "original", None,        "start",   None,  self_certainty),
     ("entropy",             None,                        "original", None,        "start",   None,  negative_entropy),
     ("coreward1_union",     "both views' vote",          "both",     None,        "start",   None,  agreement),
+    ("random",              "a coin",                    "original", None,        "start",   None,  coin_flip),
 ]
 METHODS = {name: Method(name, *facts) for name, *facts in METHOD_TABLE}
 
@@ -173,7 +187,7 @@ def twin(i, n_groups):
     return (i + n_groups // 2) % n_groups
 
 
-def label_groups(method, answers, ground_truth, teacher_answers=None):
+def label_groups(method, answers, ground_truth, teacher_answers=None, coin_seeds=None):
     """(labels, voters): one label per group, and the answers that voted for it (the method's label source).
 
     answers: [groups][G] extracted answers (None where a response has none), originals first, then
@@ -181,6 +195,8 @@ def label_groups(method, answers, ground_truth, teacher_answers=None):
     ground_truth: [groups] gold answers (the label of `gt`, and the metrics of every method).
     teacher_answers: [groups][G] the teacher's answers, group for group (methods with a teacher's vote): to the
       same prompts, or for coreward2_rephrased to their rephrasings.
+    coin_seeds: [groups] each group's coin seed (the label source "a coin": the seed is the group's voter, and no
+      group has a label).
 
     A vote's label is the largest class of equal answers (answers.majority_vote): a tie goes to the class
     whose first member came first, and a plurality of one labels, so that a group of G different answers
@@ -196,12 +212,16 @@ def label_groups(method, answers, ground_truth, teacher_answers=None):
                          f"rephrasings), got {n}")
     if source.voters == "teacher" and (teacher_answers is None or len(teacher_answers) != n):
         raise ValueError(f"{method} needs the teacher's answers for each of the {n} groups")
-    voters = {"gold": [[g] for g in ground_truth], "policy": answers, "teacher": teacher_answers}[source.voters]
+    if source.voters == "coin" and (coin_seeds is None or len(coin_seeds) != n):
+        raise ValueError(f"{method} needs a coin seed for each of the {n} groups")
+    voters = {"gold": [[g] for g in ground_truth], "policy": answers, "teacher": teacher_answers,
+              "coin": [[seed] for seed in coin_seeds or []]}[source.voters]
     if source.views == "other":
         voters = [voters[twin(i, n)] for i in range(n)]   # the other view's answers
     elif source.views == "both":                          # the original's answers, then the rephrasing's: one label
         voters = [voters[min(i, twin(i, n))] + voters[max(i, twin(i, n))] for i in range(n)]
-    labels = list(ground_truth) if source.voters == "gold" else [majority_vote(group) for group in voters]
+    labels = list(ground_truth) if source.voters == "gold" else [None] * n if source.voters == "coin" else \
+        [majority_vote(group) for group in voters]
     return labels, voters
 
 

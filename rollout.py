@@ -16,7 +16,7 @@ the kernels' arithmetic, which depends on the batch a request shares. `generate`
 (temperature > 0) request without a seed; greedy requests need none.
 
 `request_seed` derives a request's seed from who asks for what: the run's seed, the role (the
-policy's or the teacher's rollout, an evaluation; tools/rephrase.py's own two), the step, the question's index in its
+policy's or the teacher's rollout, an evaluation; tools/rephrase.py's own two; the random reward's coins), the step, the question's index in its
 dataset and the view (0: the original question, 1: its rephrasing), through a stable hash
 (blake2b; Python's `hash()` is salted per process). The rank is not part of it. Seeds are
 multiples of 2**16, so the n ≤ 2**16 children of two requests never share a stream. Evaluations
@@ -112,7 +112,7 @@ class Sample:
     finished: bool        # False when it was cut at max_tokens
 
 
-ROLES = ("policy", "teacher", "eval", "rephrase", "answer_check")
+ROLES = ("policy", "teacher", "eval", "rephrase", "answer_check", "reward")
 SEED_STRIDE = 2**16         # at most this many responses per request: a request's streams are seed .. seed + n - 1
 
 

@@ -61,10 +61,12 @@ import checkpoint
 import config
 import data
 import run
-from answers import extract_answer, is_equiv, majority_vote
+from answers import extract_answer
 from eval import accuracies, benchmark_prompts, eval_counts
-from grpo import GROUP_FILTERS, NonFiniteError, StepConfig, group_advantages, make_batch, score_responses, train_step
-from rewards import METHODS, common_answer_share, group_diagnostics, label_groups
+from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, OVERLONGS, NonFiniteError, StepConfig, group_advantages, make_batch,
+                  score_responses, train_step)
+from record import Step, step_record_over_ranks
+from rewards import METHODS, label_groups
 from rollout import make_engine, request_seed
 from sharding import all_sum, init_distributed, load_sharded, sync_engine_weights
 from teacher import ema_alpha, ema_update, teacher_rollout
@@ -155,14 +157,16 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
         rewards = score_responses(models.policy, batch, step_cfg, method.reward).view(len(groups), args.group_size)
         rewards = rewards.cpu()
     else:
-        labels, voters = label_groups(args.method, answers, gold, teacher_answers)
+        labels, voters = label_groups(args.method, answers, gold, teacher_answers, coin_seeds=seeds("reward", views))
         rewards = torch.tensor(method.reward(answers, labels, voters))           # [views x P, G]
 
-    # 4. the groups that train (--group_filter: a dropped group's tokens get loss weight 0), advantages, and the
-    # clipped-GRPO update(s)
-    keep = GROUP_FILTERS[args.group_filter](rewards)                              # [views x P] bool
-    batch.weight *= keep.repeat_interleave(args.group_size)[:, None].to(device)
-    batch.advantages = group_advantages(rewards).flatten().to(device)
+    # 4. overlong responses (--overlong: a penalty, or loss weight 0), the groups that train (--group_filter: a dropped
+    # group's tokens get loss weight 0), advantages (--advantage_std batch: an all-reduce), and the update(s)
+    shaped, weight = OVERLONGS[args.overlong](rewards, *lengths_and_cuts(groups), args.max_response_len,
+                                               args.overlong_buffer)             # [views x P, G] each
+    keep = GROUP_FILTERS[args.group_filter](shaped)                               # [views x P] bool
+    batch.weight *= (keep[:, None] * weight).flatten()[:, None].to(device)
+    batch.advantages = group_advantages(shaped, scale=ADVANTAGE_STDS[args.advantage_std]).flatten().to(device)
     lr = models.scheduler.get_last_lr()[0]                                        # the rate this step's updates use
     try:
         stats = train_step(models.policy, models.ref, models.optimizer, batch, step_cfg, world_size)
@@ -178,8 +182,15 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
     models.sync_engine()
     t3 = time.perf_counter()
     times = {"t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": t3 - t2}
-    return step_record_over_ranks(step, groups, answers, gold, labels, rewards, keep, stats, lr, alpha, times,
-                                  device, world_size)
+    view = [v for v in views for _ in questions]
+    return step_record_over_ranks(Step(step, groups, answers, gold, labels, rewards, shaped, keep, stats, view, lr,
+                                       alpha, times), device, world_size)
+
+
+def lengths_and_cuts(groups):
+    """([groups, G] each response's tokens, float; [groups, G] bool: cut at the length limit)."""
+    return (torch.tensor([[float(len(s.token_ids)) for s in g] for g in groups]),
+            torch.tensor([[not s.finished for s in g] for g in groups]))
 
 
 class GroupOrderError(RuntimeError):
@@ -201,45 +212,10 @@ def check_groups(groups, prompt_ids, ids, group_size, who):
                 f"computed; the engine (rollout.py) is at fault, not the data")
 
 
-def step_record_over_ranks(step, groups, answers, gold, labels, rewards, keep, stats, lr, alpha, times, device,
-                           world_size):
-    """A step's line of metrics.jsonl: every rank's groups together."""
-    sums = all_sum({
-        **{k: v for k, v in stats.items() if k != "grad_norm"},
-        "responses": rewards.numel(), "groups": len(groups),
-        "reward": rewards.sum().item(),
-        "correct": sum(is_equiv(a, g) for group, g in zip(answers, gold) for a in group),
-        "no_answer": sum(a is None for group in answers for a in group),
-        "truncated": sum(not s.finished for g in groups for s in g),
-        "label_correct": sum(is_equiv(label, g) for label, g in zip(labels or [], gold)),
-        "dropped": int((~keep).sum()),
-        **group_diagnostics(answers, rewards),
-    }, device)
-    n, tokens, n_groups = sums["responses"], sums["tokens"], sums["groups"]
-    votes = [None] * world_size
-    dist.all_gather_object(votes, [majority_vote(group) for group in answers])   # every rank's groups
-    return {
-        "step": step, "responses": int(n), "reward": sums["reward"] / n, "rollout_acc": sums["correct"] / n,
-        "label_acc": None if labels is None else sums["label_correct"] / n_groups,
-        "no_answer": sums["no_answer"] / n,
-        # label-free: what a run without labels can watch (run.CollapseWatch)
-        "unanimous": sums["unanimous"] / n_groups, "distinct_answers": sums["distinct"] / n_groups,
-        "zero_variance": sums["zero_variance"] / n_groups, "groups_dropped": sums["dropped"] / n_groups,
-        "common_answer": common_answer_share([v for rank_votes in votes for v in rank_votes]),
-        "truncated": sums["truncated"] / n,
-        "kl": sums["kl_sum"] / tokens, "entropy": sums["entropy_sum"] / tokens,
-        "response_len": tokens / n, "clip_frac": sums["clipped_sum"] / tokens,
-        "grad_norm": stats["grad_norm"], "lr": lr,
-        "sampler_gap": sums["sampler_gap_sum"] / tokens,
-        "sampler_ratio": sums["sampler_ratio_sum"] / tokens, "sampler_capped": sums["sampler_capped_sum"] / tokens,
-        **times,
-        **({"ema_alpha": alpha} if alpha is not None else {}),
-    }
-
-
 def training_questions(args, encode, rank):
-    """The training questions (data.Pair), those whose prompts fit --max_prompt_len; with
-    --views original and a teacher on the same prompts, without their rephrasings."""
+    """(pairs, a line for run.log or None): the training questions (data.Pair), those whose prompts fit
+    --max_prompt_len; with --views original and a teacher on the same prompts, without their rephrasings; with
+    --rephrase_noise, a share of them with another's rephrasing (the line says how many)."""
     rephrasings = "both" if args.views == "both" or args.teacher_prompts == "rephrased" else "original"
     pairs, test_time_training = (data.classroom_pairs("train"), False) if args.data == "classroom" else \
         data.load_training(args.data, rephrasings)
@@ -248,7 +224,9 @@ def training_questions(args, encode, rank):
     if rephrasings == "original":                     # the rephrasings are not sampled: not read, not checked
         pairs = [dataclasses.replace(p, rephrased=None) for p in pairs]
     views = lambda pair: [encode(q) for q in (pair.original, pair.rephrased) if q is not None]
-    return data.drop_long(pairs, views, args.max_prompt_len, "pairs")
+    pairs, noise = data.mismatch_rephrasings(data.drop_long(pairs, views, args.max_prompt_len, "pairs"),
+                                             args.rephrase_noise, args.seed)        # --rephrase_noise: the control
+    return pairs, noise if args.rephrase_noise else None
 
 
 def build_models(args, model_dir, device, pad_id):
@@ -279,7 +257,9 @@ def step_config(args):
                       mini_batches=args.mini_batches, micro_batch_size=args.micro_batch_size,
                       max_tokens_per_micro_batch=args.max_tokens_per_micro_batch or None,      # 0: by count
                       max_grad_norm=args.max_grad_norm, defer_grad_sync=args.defer_grad_sync,
-                      rollout_correction=args.rollout_correction, rollout_correction_cap=args.rollout_correction_cap)
+                      rollout_correction=args.rollout_correction, rollout_correction_cap=args.rollout_correction_cap,
+                      policy_loss=args.policy_loss, loss_agg=args.loss_agg, clip_high=args.clip_high,
+                      entropy_coef=args.entropy_coef, max_response_len=args.max_response_len)
 
 
 def cosine_with_warmup(total_steps, warmup_ratio):
@@ -329,7 +309,7 @@ def read_inputs(args, resume, rank, world_size):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # question -> prompt ids, encoded once: drop_long sees every prompt, the steps reuse them
     encode = functools.lru_cache(maxsize=None)(data.prompt_encoder(tokenizer, args.data == "classroom"))
-    pairs = training_questions(args, encode, rank)
+    pairs, noise = training_questions(args, encode, rank)
     warning = data.unknown_token_warning(tokenizer, [encode(q) for p in pairs for q in (p.original, p.rephrased)
                                                      if q is not None], "training prompts")
     if warning and rank == 0:
@@ -344,7 +324,7 @@ def read_inputs(args, resume, rank, world_size):
     if leftover and args.steps * args.questions_per_step >= len(pairs) and rank == 0:
         print(f"each epoch leaves out {leftover} of its {len(pairs)} questions, the last of its shuffle: "
               f"--questions_per_step {args.questions_per_step} does not divide them (Questions.take)")
-    return model_dir, tokenizer, encode, pairs, fingerprints, evaluation_set(tokenizer, args, rank, world_size)
+    return model_dir, tokenizer, encode, pairs, fingerprints, evaluation_set(tokenizer, args, rank, world_size), noise
 
 
 def show_step(step, record, bar, watches, rank):
@@ -367,7 +347,7 @@ def main(argv=None):
     rank, world_size, device = init_distributed()
     held_locks = run.lock_out(args.out, rank)      # noqa: F841  (open until the process ends: no other run on --out)
     earlier = run.earlier_outputs(args.out, args.overwrite, rank) if resume is None else []
-    model_dir, tokenizer, encode, pairs, fingerprints, eval_set = read_inputs(args, resume, rank, world_size)
+    model_dir, tokenizer, encode, pairs, fingerprints, eval_set, noise = read_inputs(args, resume, rank, world_size)
     run.remove_outputs(args.out, earlier, rank)      # only now: every input was read and checked
     with run.console_log(args.out, rank):           # rank 0's console, also into OUT/run.log
         models = build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
@@ -390,6 +370,8 @@ def main(argv=None):
                              resume_step=start if resume else None, wandb_run=wandb_run)
         watch = run.CollapseWatch()
         run.write_config(args, rank, run.disk_bytes(models, args), models.engine.weight_check_report())
+        if noise and rank == 0:                     # --rephrase_noise: how many pairs the control mismatched
+            print(noise)
         if start == 0:
             evaluate(0, models.engine, eval_set, args, device, log, rank, tokenizer)
         signals, stopped = run.StopSignals(args.out, rank), False

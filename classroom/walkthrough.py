@@ -8,7 +8,7 @@ world of one, and calls the functions train.py's `training_step` calls, in its o
 questions with the same request seeds (rollout.request_seed, role "policy", step 1). It prints what each
 stage gives: the questions and their rephrasings, the sampled responses and their answers, each view's
 vote and the cross-labels, the rewards, the group advantages, the loss's policy and KL terms, the update,
-the weight sync and the step's line of metrics.jsonl (train.py's `step_record_over_ranks`). Every question of the
+the weight sync and the step's line of metrics.jsonl (record.py's `step_record_over_ranks`). Every question of the
 step gets one line; one is shown in detail: the first of the step whose two groups both carry a learning
 signal (rewards not all equal).
 
@@ -39,6 +39,7 @@ import train  # noqa: E402
 import world  # noqa: E402
 from answers import extract_answer, is_equiv, majority_vote  # noqa: E402
 from grpo import grpo_loss, group_advantages, loss_normalizers_over_ranks, make_batch, score, train_step  # noqa: E402
+from record import Step, step_record_over_ranks  # noqa: E402
 from rewards import labels_for, rewards_for, twin  # noqa: E402
 from rollout import request_seed  # noqa: E402
 from sharding import gather_full_weights, init_distributed, load_sharded  # noqa: E402
@@ -132,7 +133,7 @@ def walk():
     model_dir = world.base_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     encode = functools.lru_cache(maxsize=None)(data.prompt_encoder(tokenizer, args.data == "classroom"))
-    pairs = train.training_questions(args, encode, rank)
+    pairs, _ = train.training_questions(args, encode, rank)
     models = train.build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())))
     step_cfg = train.step_config(args)
@@ -235,7 +236,7 @@ def walk():
                                                                      gather_full_weights(models.ref)))
     show(blocks, "update", "grpo.py train_step: the gradient of the loss, clipped, and one AdamW step", [
         f"grad_norm {num(stats['grad_norm'])} (clipped to {args.max_grad_norm})  "
-        f"clip_frac {num(stats['clipped_sum'] / stats['tokens'])}  kl {num(stats['kl_sum'] / stats['tokens'])}",
+        f"clip_frac {num((stats['clipped_low_sum'] + stats['clipped_high_sum']) / stats['tokens'])}  kl {num(stats['kl_sum'] / stats['tokens'])}",
         f"lr {num(lr)} (the warm-up's first step: {args.lr} x 1/{warmup})",
         f"{WEIGHT[0]}{list(WEIGHT[1])}: {before:.9g} -> {after:.9g} (change {num(after - before)})",
         f"largest |change| of a weight: {num(moved)} (lr {num(lr)})"])
@@ -250,9 +251,10 @@ def walk():
         f"token of this step's responses (a {args.dtype} run stops above {run.SAMPLER_GAP_CEILING[args.dtype]:g})"])
 
     keep = torch.ones(len(groups), dtype=torch.bool)                   # --group_filter none: every group trains
-    record = train.step_record_over_ranks(STEP, groups, answers, gold, labels, rewards, keep, stats, lr, None, {},
-                                          device, world_size)
-    show(blocks, "record", "train.py step_record_over_ranks: the step's line of metrics.jsonl (without its times)",
+    view = [v for v in views for _ in step_pairs]
+    record = step_record_over_ranks(Step(STEP, groups, answers, gold, labels, rewards, rewards, keep, stats, view, lr,
+                                         None, {}), device, world_size)
+    show(blocks, "record", "record.py step_record_over_ranks: the step's line of metrics.jsonl (without its times)",
          wrap([f"{key} {num(v, 2 if key == 'sampler_gap' else 4) if isinstance(v, float) else v}"
                for key, v in record.items()]))
 
@@ -266,17 +268,16 @@ def walk():
 
 
 def loss_terms(batch, logp, ref_logp, view, cfg, world_size):
-    """One view's (response tokens N, policy term, KL term, -sum_i A_i n_i / N) of grpo_loss, the terms one at a
-    time: the policy term with no KL, the KL term with no advantages. π_old is the policy itself, as in train_step
+    """One view's (response tokens N, policy term, KL term, -sum_i A_i n_i / N) of grpo_loss, from its terms: each
+    term's sum over the view's tokens over their count. π_old is the policy itself, as in train_step
     at one update per step, so rho = 1 at every token."""
     rows = (batch.view == view).nonzero().flatten()
     part = batch.rows(rows)
-    width, normalizers = part.mask.shape[1], loss_normalizers_over_ranks(part.mask, part.view, world_size)
+    width = part.mask.shape[1]
+    normalizers = loss_normalizers_over_ranks(part.mask, part.view, world_size, cfg.max_response_len)
     policy, ref = logp[rows, :width], ref_logp[rows, :width]
-    policy_term = grpo_loss(policy, policy, ref, part.advantages, part.mask, cfg.clip_eps, 0.0, part.view,
-                            normalizers, part.weight, part.weight)[0].item()
-    kl_term = grpo_loss(policy, policy, ref, torch.zeros_like(part.advantages), part.mask, cfg.clip_eps,
-                        cfg.kl_coef, part.view, normalizers, part.weight, part.weight)[0].item()
+    _, terms = grpo_loss(policy, policy, ref, torch.zeros_like(policy), part, normalizers, part.weight, cfg)
+    policy_term, kl_term = (terms[t].sum().item() / normalizers.view_tokens[view].item() for t in ("policy", "kl"))
     tokens = part.mask.sum(-1)                                                     # n_i
     weighted = -(part.advantages * tokens).sum().item() / tokens.sum().item()
     return int(tokens.sum()), policy_term, kl_term, weighted

@@ -1,11 +1,14 @@
-"""Figures of runs: each method's mean over seeds, with its min-max band, against the step.
+"""Figures of runs: each method's (or variant's) mean over seeds, with its min-max band, against the step.
 
     python study/plot.py study/default/runs/*/ --out /tmp/figures     # the runs study/study.py writes, or any others
+    python study/plot.py /tmp/loss/runs/coreward1_s* /tmp/loss/runs/coreward1-gspo_s* --out /tmp/figures
 
-Each RUN_DIR holds a run's metrics.jsonl and config.json (train.py writes both); the method and the
-seed come from config.json. Runs of the same method are its seeds: at each step that every one of
-them has logged, the figure draws their mean and shades the band from their minimum to their
-maximum (a run still going limits its method to the steps it has reached).
+Each RUN_DIR holds a run's metrics.jsonl and config.json (train.py writes both). A run's name (its row, its
+line) is its folder's name without the `_sSEED` suffix: coreward1_s0 -> `coreward1`, and a variant that
+`study.py --label gspo` made, coreward1-gspo_s2 -> `coreward1-gspo` (a folder without that suffix is named by
+config.json's method); the seed comes from config.json. Runs of the same name are its seeds: at each step
+that every one of them has logged, the figure draws their mean and shades the band from their minimum to
+their maximum (a run still going limits its line to the steps it has reached).
 
 Figures (PNG, matplotlib's Agg backend, so no display is needed):
 - eval.png: avg@k (`eval_acc`), greedy and maj@k on the evaluation set;
@@ -20,6 +23,7 @@ import argparse
 import io
 import json
 import os
+import re
 import sys
 from collections import defaultdict
 
@@ -34,15 +38,45 @@ TRAIN_WINDOW = 10      # training metrics are per step (16 questions on the clas
                        # its trailing mean over 10 steps, the window of run.py's collapse warning
 
 
-def method_order(method):
-    """Sort key: the methods in rewards.METHOD_TABLE's order, any other after them by name."""
+RUN_FOLDER = re.compile(r"(?P<name>.+)_s(?P<seed>[0-9]+)")     # study.py's METHOD_sSEED, METHOD-LABEL_sSEED
+
+
+def run_name(path, config):
+    """A run's name: its folder's name without the `_sSEED` suffix (`coreward1-gspo_s2` -> `coreward1-gspo`),
+    or config.json's method where the folder has no such suffix."""
+    match = RUN_FOLDER.fullmatch(os.path.basename(os.path.normpath(path)))
+    return match.group("name") if match else config["method"]
+
+
+def method_order(name):
+    """Sort key of a run's name: the methods in rewards.METHOD_TABLE's order, each followed by its variants
+    METHOD-LABEL (by label), any other name after them all, by name."""
     from rewards import METHODS
     order = list(METHODS)
-    return (order.index(method) if method in order else len(order), method)
+    method, dash, label = name.partition("-")
+    if name in order:
+        return (order.index(name), 0, "")
+    if dash and method in order:
+        return (order.index(method), 1, label)
+    return (len(order), 0, name)
+
+
+def colors(names):
+    """{name: colour}, the same in every figure: each method of rewards.METHOD_TABLE keeps tab10's colour at its
+    place in the table; the other names (variants METHOD-LABEL and any other) take, in method_order, the
+    colours after them: the rest of tab10, then tab20b's (its five hues, darkest first), then tab20's light
+    shades (then again)."""
+    import matplotlib
+    from rewards import METHODS
+    tab = matplotlib.colormaps
+    palette = ([tab["tab10"](i) for i in range(10)] + [tab["tab20b"](i + j) for j in range(4) for i in range(0, 20, 4)]
+               + [tab["tab20"](i) for i in range(1, 20, 2)])
+    ordered = list(METHODS) + sorted(set(names) - set(METHODS), key=method_order)
+    return {name: palette[i % len(palette)] for i, name in enumerate(ordered)}
 
 
 def read_run(path):
-    """(method, seed, records) of a run folder."""
+    """(name, seed, records) of a run folder: its name as run_name gives it, its seed from config.json."""
     config_path, metrics_path = os.path.join(path, "config.json"), os.path.join(path, "metrics.jsonl")
     for p in (config_path, metrics_path):
         if not os.path.exists(p):
@@ -61,7 +95,7 @@ def read_run(path):
                       f"drawn without it")
                 break
             raise ValueError(f"{metrics_path} line {i + 1} is not JSON: {line[:80]!r}; repair or remove it") from None
-    return config["method"], config["seed"], records
+    return run_name(path, config), config["seed"], records
 
 
 def smooth(points, window):
@@ -73,10 +107,10 @@ def smooth(points, window):
 
 
 def series(runs, key, window=1):
-    """{method: (steps, mean, low, high)} of `key` over the runs [(method, seed, records)]: at each
-    step every seed of the method logged `key` (not None), the mean, minimum and maximum over seeds,
-    each seed first smoothed by a trailing mean over `window` logged steps. Methods that never
-    logged it are left out."""
+    """{name: (steps, mean, low, high)} of `key` over the runs [(name, seed, records)]: at each
+    step every seed of the name (a method, or a variant METHOD-LABEL) logged `key` (not None), the mean,
+    minimum and maximum over seeds, each seed first smoothed by a trailing mean over `window` logged steps.
+    Names that never logged it are left out."""
     by_method = defaultdict(list)                  # method -> [{step: value}] one per seed
     for method, _, records in runs:
         by_method[method].append(smooth({r["step"]: r[key] for r in records if r.get(key) is not None}, window))
@@ -91,7 +125,7 @@ def series(runs, key, window=1):
 
 
 def figure(runs, keys, path, title, window=1):
-    """One panel per key that some run logged; one line and band per method (`series` with `window`)."""
+    """One panel per key that some run logged; one line and band per run name (`series` with `window`)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -101,16 +135,14 @@ def figure(runs, keys, path, title, window=1):
     cols = min(3, len(panels))
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    from rewards import METHODS        # one colour and place per method in every figure
-    methods = sorted({m for _, _, s in panels for m in s} | set(METHODS), key=method_order)
-    colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
+    color = colors(name for name, _, _ in runs)       # one colour and place per name in every figure
     seeds = defaultdict(set)
     for method, seed, _ in runs:
         seeds[method].add(seed)
     for ax, (key, label, s) in zip(axes.flat, panels):
         for method, (steps, mean, low, high) in sorted(s.items(), key=lambda item: method_order(item[0])):
-            ax.plot(steps, mean, color=colors[method], label=f"{method} ({len(seeds[method])} seed(s))", lw=1.5)
-            ax.fill_between(steps, low, high, color=colors[method], alpha=0.2, lw=0)
+            ax.plot(steps, mean, color=color[method], label=f"{method} ({len(seeds[method])} seed(s))", lw=1.5)
+            ax.fill_between(steps, low, high, color=color[method], alpha=0.2, lw=0)
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("step", fontsize=9)
         ax.grid(alpha=0.3)

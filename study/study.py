@@ -3,21 +3,31 @@
     python study/study.py --out study/default                     # every method, 3 seeds, 100 steps: hours on 2 cores
     python study/study.py --out study/lr5e-4 -- --lr 5e-4         # flags after -- go to train.py
     python study/study.py --steps 300 --methods gt,majority,coreward1,coreward2 --out study/long
+    python study/study.py --methods coreward1 --out /tmp/loss                 # coreward1, and two variants beside it:
+    python study/study.py --methods coreward1 --out /tmp/loss --label gspo -- --policy_loss gspo
+    python study/study.py --methods coreward1 --out /tmp/loss --label clip0.28 -- --loss_agg token_mean --clip_high 0.28
 
-Each (method, seed) is one `train.py` run in OUT/runs/METHOD_sSEED, one after another. The study
-can be stopped and started again at will, as the run checkpoints let it go on where it stopped:
+Each (method, seed) is one `train.py` run in OUT/runs/METHOD_sSEED, one after another; with --label LABEL
+(letters, digits and dots) in OUT/runs/METHOD-LABEL_sSEED, its own row `METHOD-LABEL` of the table and
+line of the figures, right after METHOD's, so that invocations with several labels (and their own
+flags after --) fill one study folder. The study can be stopped and started again at will, as the
+run checkpoints let it go on where it stopped:
 - a run with a final model is finished: skipped;
 - a run with a complete checkpoint is continued (`--resume`: it samples exactly what the
   uninterrupted run would have);
 - any other run starts afresh (`--overwrite`).
 
-After the runs (and with --plot-only, from whatever the runs have logged so far) it draws
-OUT/eval.png and OUT/train.png (study/plot.py) and writes OUT/table.md: for each method, the first,
-best and last evaluation of avg@k, greedy and maj@k, as the mean over seeds and the min-max over
-seeds, and the step at which each seed's collapse warning first fired.
+After the runs (and with --plot-only, from whatever the runs have logged so far) it draws every run
+folder of OUT/runs that has a metrics.jsonl, whichever invocation (--methods, --seeds, --label) made it,
+in OUT/eval.png and OUT/train.png (study/plot.py), and writes OUT/table.md: for each row (a run's folder
+name without `_sSEED`: a method, or a variant METHOD-LABEL), the first, best and last evaluation of avg@k,
+greedy and maj@k, as the mean over seeds and the min-max over seeds, and the step at which each seed's
+collapse warning first fired.
 """
 import argparse
+import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -30,8 +40,40 @@ from rewards import METHODS  # noqa: E402
 from run import CollapseWatch  # noqa: E402
 
 
-def run_dir(out, method, seed):
-    return os.path.join(out, "runs", f"{method}_s{seed}")
+LABEL = re.compile(r"[A-Za-z0-9.]+")     # no `-` (the METHOD-LABEL separator) and no `_` (the _sSEED suffix)
+
+
+def label_arg(text):
+    """--label's type: the text, if it is letters, digits and dots."""
+    if not LABEL.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a label: use letters, digits and dots only "
+                                         f"(e.g. gspo, clip0.28), as `-` and `_` separate the method and "
+                                         f"the seed in the run's folder name METHOD-LABEL_sSEED")
+    return text
+
+
+def row_name(method, label=None):
+    """METHOD, or METHOD-LABEL for a labelled variant: the run's row in the table, its line in the figures."""
+    return f"{method}-{label}" if label else method
+
+
+def run_dir(out, method, seed, label=None):
+    """OUT/runs/METHOD_sSEED, or OUT/runs/METHOD-LABEL_sSEED for a labelled variant."""
+    return os.path.join(out, "runs", f"{row_name(method, label)}_s{seed}")
+
+
+def logged_runs(out):
+    """The folders of OUT/runs that have a metrics.jsonl, every one of them (any method, seed or label),
+    sorted by row (plot.method_order), then seed."""
+    paths = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(out, "runs", "*", "metrics.jsonl")))
+    found = sorted(((plot.read_run(path), path) for path in paths),
+                   key=lambda item: (plot.method_order(item[0][0]), item[0][1], item[1]))
+    seen = {}
+    for (name, seed, _), path in found:
+        if (name, seed) in seen:
+            sys.exit(f"{seen[name, seed]} and {path} are both seed {seed} of `{name}`: move one out of {out}/runs")
+        seen[name, seed] = path
+    return [path for _, path in found], [run for run, _ in found]
 
 
 def plan(path):
@@ -62,9 +104,9 @@ def first_warning(records):
 
 
 def table(runs):
-    """Markdown: per method, the first, best and last evaluation of each metric, mean over seeds
-    (min-max in brackets when there are several), and the step of each seed's first collapse
-    warning (– where none fired)."""
+    """Markdown: per row (a method, or a variant METHOD-LABEL: runs [(name, seed, records)]), the first,
+    best and last evaluation of each metric, mean over seeds (min-max in brackets when there are several),
+    and the step of each seed's first collapse warning (– where none fired)."""
     metrics = [key for key, _ in plot.EVAL_KEYS]
     labels = [label for _, label in plot.EVAL_KEYS]
     lines = ["| method | seeds | step (last) | " + " | ".join(f"{m} first / best / last" for m in labels)
@@ -95,8 +137,11 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated (default: all of them)")
+    ap.add_argument("--label", type=label_arg, default=None,
+                    help="runs go to OUT/runs/METHOD-LABEL_sSEED: a variant of each method (its own row and line), "
+                         "made with the flags after --; letters, digits and dots")
     ap.add_argument("--plot-only", action="store_true",
-                    help="draw and tabulate what the runs have logged; run nothing")
+                    help="draw and tabulate what every run in OUT/runs has logged; run nothing")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags for every train.py run")
     args = ap.parse_args(argv)
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
@@ -104,19 +149,19 @@ def main(argv=None):
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         ap.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
-    paths = [(m, s, run_dir(args.out, m, s)) for s in range(args.seeds) for m in methods]
     if not args.plot_only:
-        for method, seed, path in paths:
-            cmd = command(path, method, seed, args.steps, extra)
-            if cmd is None:
-                print(f"{method} seed {seed}: finished, skipped")
-                continue
-            print(f"{method} seed {seed}: {plan(path)} -> {' '.join(cmd[1:])}", flush=True)
-            subprocess.run(cmd, check=True)
-    logged = [path for _, _, path in paths if os.path.exists(os.path.join(path, "metrics.jsonl"))]
+        for seed in range(args.seeds):
+            for method in methods:
+                path, name = run_dir(args.out, method, seed, args.label), row_name(method, args.label)
+                cmd = command(path, method, seed, args.steps, extra)
+                if cmd is None:
+                    print(f"{name} seed {seed}: finished, skipped")
+                    continue
+                print(f"{name} seed {seed}: {plan(path)} -> {' '.join(cmd[1:])}", flush=True)
+                subprocess.run(cmd, check=True)
+    logged, runs = logged_runs(args.out)
     if not logged:
         sys.exit(f"no run in {args.out} has logged anything yet")
-    runs = [plot.read_run(path) for path in logged]
     plot.main([*logged, "--out", args.out])
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(table(runs))

@@ -1,5 +1,7 @@
-"""Evaluation: greedy, avg@k, maj@k and the boxed share against hand-computed values, and the command's outputs."""
+"""Evaluation: greedy, avg@k, maj@k, pass@k and the boxed share against hand-computed values, and the command's
+outputs."""
 import json
+import math
 import os
 
 import pytest
@@ -50,10 +52,14 @@ SAMPLED = [
 def test_counts_greedy_avg_and_maj_by_hand():
     engine = FakeEngine(GREEDY, SAMPLED)
     sums, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, temperature=0.8, max_tokens=100)
-    assert sums == {"n": 3, "greedy": 2, "avg": pytest.approx(0.5 + 0.25 + 0.25), "maj": 1, "boxed": 13}
+    # pass@2 of 2 right of 4: 1 - C(2,2)/C(4,2) = 5/6; of 1 right of 4: 1 - C(3,2)/C(4,2) = 1/2. pass@4: any right
+    assert sums == {"n": 3, "greedy": 2, "avg": pytest.approx(0.5 + 0.25 + 0.25), "maj": 1, "boxed": 13,
+                    "pass": 3, "pass@1": pytest.approx(0.5 + 0.25 + 0.25),
+                    "pass@2": pytest.approx(5 / 6 + 1 / 2 + 1 / 2), "pass@4": 3}
     assert engine.calls == [(1, 0.0, 100), (4, 0.8, 100)]
     acc = evaluation.accuracies(sums, k=4)
-    assert acc == pytest.approx({"greedy": 2 / 3, "avg": 1 / 3, "maj": 1 / 3, "boxed": 13 / 15})
+    assert acc == pytest.approx({"greedy": 2 / 3, "avg": 1 / 3, "maj": 1 / 3, "boxed": 13 / 15,
+                                 "pass": 1.0, "pass@1": 1 / 3, "pass@2": 11 / 18, "pass@4": 1.0})
 
 
 def test_k_0_is_greedy_only_as_the_official_validation():
@@ -77,10 +83,14 @@ def test_sums_of_shares_add_up_to_the_whole():
 
 
 def test_markdown_table():
-    table = evaluation.markdown_table({"amc23": {"n": 40, "greedy": 0.125, "avg": 0.1, "maj": 0.15, "boxed": 0.9}},
-                                      k=8)
-    assert table.splitlines() == ["| benchmark | n | greedy | avg@8 | maj@8 | boxed |", "|---|---|---|---|---|---|",
-                                  "| amc23 | 40 | 0.125 | 0.100 | 0.150 | 0.900 |"]
+    """pass@1, 2, 4 and 8 after maj@8; at k = 0 none (test_k_0_is_greedy_only_as_the_official_validation)."""
+    table = evaluation.markdown_table({"amc23": {"n": 40, "greedy": 0.125, "avg": 0.1, "maj": 0.15, "boxed": 0.9,
+                                                 "pass": 0.45, "pass@1": 0.1, "pass@2": 0.18, "pass@4": 0.3,
+                                                 "pass@8": 0.45}}, k=8)
+    assert table.splitlines() == [
+        "| benchmark | n | greedy | avg@8 | maj@8 | pass@1 | pass@2 | pass@4 | pass@8 | boxed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        "| amc23 | 40 | 0.125 | 0.100 | 0.150 | 0.100 | 0.180 | 0.300 | 0.450 | 0.900 |"]
 
 
 def test_defaults_follow_the_benchmarks():
@@ -105,8 +115,10 @@ def test_the_command_writes_the_table_and_json(tmp_path, tiny_model_dir, monkeyp
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["results"]["amc23"]["n"] == 3
     assert result["results"]["amc23"]["avg"] == pytest.approx(1 / 3)
+    # k = 2: pass@1 and pass@2, each 1 on the first question (both samples right) and 0 on the others
+    assert [result["results"]["amc23"][key] for key in ("pass", "pass@1", "pass@2")] == pytest.approx([1 / 3] * 3)
     assert result["temperature"] == 0.8 and result["max_tokens"] == 3072
-    assert "| amc23 | 3 | 0.333 | 0.333 | 0.333 |" in (tmp_path / "results.md").read_text()
+    assert "| amc23 | 3 | 0.333 | 0.333 | 0.333 | 0.333 | 0.333 | 1.000 |" in (tmp_path / "results.md").read_text()
     assert engine.calls == [(1, 0.0, 3072), (2, 0.8, 3072)]
 
 
@@ -145,7 +157,8 @@ def test_two_models_never_share_a_default_folder(tmp_path, monkeypatch):
     open(os.path.join(a, "results.json"), "w").write("{}")
     evaluated = []
     monkeypatch.setattr(evaluation, "evaluate_model", lambda model_dir, args: evaluated.append(model_dir) or
-                        {"classroom": {"n": 1, "greedy": 1.0, "avg": 1.0, "maj": 1.0, "boxed": 1.0}})
+                        {"classroom": {"n": 1, "greedy": 1.0, "avg": 1.0, "maj": 1.0, "boxed": 1.0, "pass": 1.0,
+                                       **{f"pass@{j}": 1.0 for j in (1, 2, 4, 8)}}})
     with pytest.raises(FileExistsError, match="already holds results .*pass --overwrite"):
         evaluation.main(["--model", "runs/a/final"])
     assert open(os.path.join(a, "results.json")).read() == "{}" and not evaluated
@@ -164,3 +177,75 @@ def test_the_first_questions_responses_are_kept_with_their_rewards():
     assert evaluation.eval_counts(engine, [[0]], GOLD[:1], k=4)[1] == []
     greedy_only = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=0, keep=2)[1]     # k = 0: greedy only
     assert [(e["question"], e["kind"]) for e in greedy_only] == [(0, "greedy"), (1, "greedy")]
+
+
+def test_pass_at_k_by_hand():
+    """2 right of 5: pass@1 = 2/5; pass@2 = 1 - C(3,2)/C(5,2) = 1 - 3/10, not 2/5 (c/n) nor 3/10 (without the 1 -).
+    k = n: 1 when any of the n is right, else 0."""
+    assert evaluation.pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert evaluation.pass_at_k(5, 2, 2) == pytest.approx(0.7)
+    assert evaluation.pass_at_k(4, 1, 4) == 1.0
+    assert evaluation.pass_at_k(4, 0, 4) == 0.0
+
+
+def test_pass_at_k_is_0_without_a_right_answer_and_1_when_every_k_of_the_n_hold_one():
+    """c = 0: 0 at every k; c = n: 1 at every k; and 0 < c < n: 1 from k = n - c + 1 on (every k of the n include a
+    right one), below 1 before it."""
+    for n in range(1, 11):
+        for k in range(1, n + 1):
+            assert evaluation.pass_at_k(n, 0, k) == 0.0
+            assert evaluation.pass_at_k(n, n, k) == 1.0
+        for c in range(1, n):
+            assert evaluation.pass_at_k(n, c, n - c + 1) == 1.0
+            assert evaluation.pass_at_k(n, c, n - c) < 1.0
+
+
+def test_pass_at_1_is_the_fraction_right_and_more_samples_do_better():
+    """pass@1 = c/n, the avg@k of the same samples; pass@2 exceeds it when some but not all are right."""
+    for n, c in [(1, 0), (1, 1), (3, 1), (4, 3), (5, 2), (8, 3), (10, 7), (10, 10)]:
+        assert evaluation.pass_at_k(n, c, 1) == pytest.approx(c / n)
+        if 0 < c < n:
+            assert evaluation.pass_at_k(n, c, 2) > c / n + 1e-9
+
+
+def test_pass_at_k_agrees_with_the_binomial_formula():
+    """The product form is 1 - C(n - c, k) / C(n, k) (math.comb, 0 when k > n - c) for every n <= 10, c and k."""
+    for n in range(1, 11):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert evaluation.pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k),
+                                                                      abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_refuses_k_outside_1_to_n():
+    with pytest.raises(ValueError, match="1 <= k <= n .*k=5, n=4"):
+        evaluation.pass_at_k(4, 1, 5)
+    with pytest.raises(ValueError, match="1 <= k <= n .*k=0, n=4"):
+        evaluation.pass_at_k(4, 1, 0)
+    with pytest.raises(ValueError, match="0 <= c <= n .*c=5, n=4"):
+        evaluation.pass_at_k(4, 5, 2)
+
+
+def test_pass_ks_are_the_powers_of_two_below_k_and_k():
+    assert evaluation.pass_ks(8) == [1, 2, 4, 8]
+    assert evaluation.pass_ks(5) == [1, 2, 4, 5]
+    assert evaluation.pass_ks(9) == [1, 2, 4, 8, 9]
+    assert (evaluation.pass_ks(2), evaluation.pass_ks(1), evaluation.pass_ks(0)) == ([1, 2], [1], [])
+
+
+def test_counts_pass_at_k_by_hand():
+    """Two questions, k = 4: 2 of 4 right, and none. pass@1 = 2/4 + 0; pass@2 = 1 - C(2,2)/C(4,2) = 5/6, + 0;
+    pass@4 (and "pass", at k = 4) = 1 + 0. An empty share has the same keys, so that ranks' sums add up."""
+    engine = FakeEngine(greedy=[["\\boxed{5}"], ["\\boxed{7}"]],
+                        sampled=[["\\boxed{5}", "\\boxed{3}", "\\boxed{5}", "\\boxed{4}"],       # 2/4 right
+                                 ["\\boxed{1}", "\\boxed{2}", "no box", "\\boxed{3}"]])           # 0/4 right
+    sums, _ = evaluation.eval_counts(engine, [[0], [1]], ["5", "6"], k=4, temperature=0.8, max_tokens=100)
+    assert {key: sums[key] for key in ("pass", "pass@1", "pass@2", "pass@4")} == \
+        pytest.approx({"pass": 1.0, "pass@1": 0.5, "pass@2": 5 / 6, "pass@4": 1.0})
+    assert (sums["avg"], sums["maj"], sums["greedy"]) == (0.5, 1, 1)          # the other sums as before
+    acc = evaluation.accuracies(sums, k=4)
+    assert {key: acc[key] for key in ("pass", "pass@1", "pass@2", "pass@4")} == \
+        pytest.approx({"pass": 0.5, "pass@1": 0.25, "pass@2": 5 / 12, "pass@4": 0.5})
+    assert acc["pass@1"] == pytest.approx(acc["avg"])
+    assert evaluation.eval_counts(engine, [], [], k=4)[0].keys() == sums.keys()
+    assert "pass" not in evaluation.eval_counts(engine, [[0], [1]], ["5", "6"], k=0)[0]     # greedy only: no pass@k

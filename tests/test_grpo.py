@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import grpo
-from grpo import (Batch, NonFiniteError, StepConfig, group_advantages, grpo_loss, micro_batches_for_all_ranks,
-                  pack_by_tokens, train_step)
+from grpo import (Batch, NonFiniteError, StepConfig, group_advantages, micro_batches_for_all_ranks, pack_by_tokens,
+                  train_step)
 from logprobs import naive_logprobs, token_logprobs
 from sharding import gather_full_weights, shard
 from conftest import ROOT
@@ -29,6 +29,17 @@ def test_advantages_by_hand():
 
 
 ZERO_VIEW = torch.zeros(1, dtype=torch.long)
+
+
+def grpo_loss(logp, old, ref, advantages, mask, clip_eps, kl_coef, view, normalizers, weight, correction):
+    """grpo.grpo_loss of the default loss (the clip, a token mean per view, no entropy bonus) with these values, the
+    views' normalisers [VIEWS] given: (loss, clipped [B, T-1], the tokens whose clip binds, below or above)."""
+    n = normalizers if isinstance(normalizers, grpo.Normalizers) else \
+        grpo.Normalizers(normalizers, normalizers.sum(), torch.tensor(float(len(view))), 48)
+    part = Batch(None, mask, advantages, None, view, weight)
+    loss, terms = grpo.grpo_loss(logp, old, ref, torch.zeros_like(logp), part, n, correction,
+                                 StepConfig(clip_eps=clip_eps, kl_coef=kl_coef))
+    return loss, terms["clipped_low"] + terms["clipped_high"]
 
 
 def test_loss_by_hand():
@@ -59,8 +70,8 @@ def test_two_views_each_take_their_own_token_mean(dist_world):
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
     logp = torch.full((3, 3), -1.0, requires_grad=True)
     view, adv = torch.tensor([0, 0, 1]), torch.tensor([1.0, 2.0, -1.0])
-    normalizers = grpo.loss_normalizers_over_ranks(mask, view, world_size=1)
-    assert normalizers.tolist() == [4.0, 2.0]
+    normalizers = grpo.loss_normalizers_over_ranks(mask, view, world_size=1, max_response_len=48)
+    assert normalizers.view_tokens.tolist() == [4.0, 2.0]
     loss, _ = grpo_loss(logp, logp.detach(), logp.detach(), adv, mask, 0.2, 0.0, view, normalizers, torch.ones(3, 3),
                         torch.ones(3, 3))
     assert loss.item() == pytest.approx(-5 / 4 + 2 / 2)               # one mean over all 6 would be -3 / 6
@@ -336,7 +347,7 @@ def test_later_updates_take_their_ratio_against_the_sampling_policy(dist_world):
     expected, norms = _plain_reference_step(batch, order, 2, lr, cfg)
     for name, value in gather_full_weights(model):
         assert torch.allclose(value, expected[name], atol=1e-5), name
-    assert stats["clipped_sum"] > 0               # the first update's ratio is exactly 1: these clipped in the second
+    assert stats["clipped_low_sum"] + stats["clipped_high_sum"] > 0    # the first update's ratio is exactly 1: these clipped in the second
     assert norms[0] > norms[1] and stats["grad_norm"] == pytest.approx(max(norms), rel=1e-5)
 
 
@@ -511,14 +522,15 @@ def test_no_correction_is_bit_for_bit_the_unweighted_step(dist_world, monkeypatc
     leave the weights bit for bit where the loss without any weight leaves them."""
     batch = dataclasses.replace(_batch(n=8), sampler_logp=_batch(n=8).mask * -6.0)
 
-    def unweighted_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, kl_coef, view, normalizers, weight,
-                        correction):
+    def unweighted_loss(logp, old_logp, ref_logp, entropy, part, n, correction, cfg):
         ratio = torch.exp(logp - old_logp)
-        adv = advantages[:, None]
-        policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
-        per_token = (policy_term + kl_coef * grpo.k3(logp, ref_logp)) * mask
-        loss = sum(per_token[view == v].sum() / normalizers[v] for v in view.unique().tolist())
-        return loss, (ratio * adv > ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).float()
+        adv, mask, view, eps = part.advantages[:, None], part.mask, part.view, cfg.clip_eps
+        policy_term = -torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
+        per_token = (policy_term + cfg.kl_coef * grpo.k3(logp, ref_logp)) * mask
+        loss = sum(per_token[view == v].sum() / n.view_tokens[v] for v in view.unique().tolist())
+        clipped = (ratio * adv > ratio.clamp(1 - eps, 1 + eps) * adv).float()
+        zeros = torch.zeros_like(logp)
+        return loss, {"policy": zeros, "kl": zeros, "entropy": zeros, "clipped_low": clipped, "clipped_high": zeros}
 
     cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=2, micro_batch_size=3)
     stepped = []
@@ -528,7 +540,7 @@ def test_no_correction_is_bit_for_bit_the_unweighted_step(dist_world, monkeypatc
         stats = train_step(model, ref, torch.optim.AdamW(model.parameters(), lr=1e-1), batch, cfg, 1,
                            order=torch.randperm(8, generator=torch.Generator().manual_seed(0)))
         stepped.append(dict(gather_full_weights(model)))
-    assert stats["clipped_sum"] > 0 and stats["sampler_capped_sum"] > 0      # a cap would have acted
+    assert stats["clipped_low_sum"] + stats["clipped_high_sum"] > 0 and stats["sampler_capped_sum"] > 0      # a cap would have acted
     for name in stepped[0]:
         assert torch.equal(stepped[0][name], stepped[1][name]), name
 
@@ -549,12 +561,13 @@ def test_a_dropped_group_leaves_its_views_token_mean_and_its_kl_term():
     logp = torch.full((3, 3), -1.0)
     view, adv = torch.tensor([0, 0, 1]), torch.tensor([1.0, 0.0, -1.0])
     k3 = 0.0187308
-    normalizers = grpo.loss_normalizers_over_ranks(mask * weight, view, world_size=1)
-    assert normalizers.tolist() == [2.0, 1.0]
+    normalizers = grpo.loss_normalizers_over_ranks(mask * weight, view, world_size=1, max_response_len=48)
+    assert normalizers.view_tokens.tolist() == [2.0, 1.0]
     loss, _ = grpo_loss(logp, logp, logp - 0.2, adv, mask, 0.2, 0.1, view, normalizers, weight, torch.ones(3, 3))
     assert loss.item() == pytest.approx((-1 + 0.1 * k3) + (1 + 0.1 * k3), abs=1e-6)
     kept = grpo_loss(logp, logp, logp - 0.2, adv, mask, 0.2, 0.1, view,
-                     grpo.loss_normalizers_over_ranks(mask, view, world_size=1), torch.ones(3, 3), torch.ones(3, 3))[0]
+                     grpo.loss_normalizers_over_ranks(mask, view, world_size=1, max_response_len=48), torch.ones(3, 3),
+                     torch.ones(3, 3))[0]
     assert kept.item() == pytest.approx((2 * (-1 + 0.1 * k3) + 3 * 0.1 * k3) / 5 + (1 + 0.1 * k3), abs=1e-6)
 
 
@@ -564,7 +577,7 @@ def test_a_view_with_every_group_dropped_adds_zero_not_nan(dist_world):
     batch = _batch(n=6)
     batch.view = torch.tensor([0, 0, 0, 1, 1, 1])
     dropped = dataclasses.replace(batch, weight=batch.weight * (batch.view == 0)[:, None])
-    assert grpo.loss_normalizers_over_ranks(dropped.mask * dropped.weight, dropped.view, 1)[1] == 1.0
+    assert grpo.loss_normalizers_over_ranks(dropped.mask * dropped.weight, dropped.view, 1, 48).view_tokens[1] == 1
     cfg = StepConfig(temperature=1.0, clip_eps=0.2, kl_coef=0.05, mini_batches=1, micro_batch_size=6)
     stepped = []
     for b in (dropped, batch.rows(torch.arange(3))):

@@ -133,3 +133,95 @@ def test_a_run_still_being_written_is_drawn_without_its_unfinished_line(tmp_path
                                             '{"step": 2, "reward": 1}\n')
     with pytest.raises(ValueError, match="line 2 is not JSON"):
         plot.read_run(str(tmp_path))
+
+
+def test_a_runs_name_is_its_folders_name_without_the_seed(tmp_path):
+    """coreward1_s0 -> coreward1, coreward1-gspo_s2 -> coreward1-gspo (the seed from config.json, a trailing
+    slash or not); a folder without the _sSEED suffix is named by config.json's method."""
+    import study
+    assert plot.read_run(_run(tmp_path, "coreward1_s0", "coreward1", 0, [0.1], [(0, 0.2)]))[:2] == ("coreward1", 0)
+    variant = _run(tmp_path, "coreward1-gspo_s2", "coreward1", 2, [0.1], [(0, 0.2)])
+    assert plot.read_run(variant)[:2] == plot.read_run(variant + os.sep)[:2] == ("coreward1-gspo", 2)
+    assert plot.read_run(_run(tmp_path, "lr1e.3_s10", "gt", 10, [0.1], [(0, 0.2)]))[:2] == ("lr1e.3", 10)
+    assert plot.read_run(_run(tmp_path, "a0", "majority", 1, [0.1], [(0, 0.2)]))[:2] == ("majority", 1)
+    assert study.run_dir("out", "coreward1", 2, "gspo") == os.path.join("out", "runs", "coreward1-gspo_s2")
+    assert study.run_dir("out", "coreward1", 2) == os.path.join("out", "runs", "coreward1_s2")
+
+
+def test_a_variant_comes_right_after_its_method_in_its_own_colour():
+    """Rows: the methods in rewards.METHOD_TABLE's order, each followed by its variants by label, any other
+    name last; the methods keep tab10's colour at their place in the table (the committed figures' colours),
+    and the other names take colours none of the methods nor each other has."""
+    import matplotlib
+    from rewards import METHODS
+    names = ["entropy", "coreward1-gspo", "zzz", "gt", "coreward1", "coreward1-clip0.28", "majority-gspo",
+             "majority", "nomethod-gspo"]
+    assert sorted(names, key=plot.method_order) == ["gt", "majority", "majority-gspo", "coreward1",
+                                                    "coreward1-clip0.28", "coreward1-gspo", "entropy",
+                                                    "nomethod-gspo", "zzz"]
+    color = plot.colors(names)
+    tab10 = matplotlib.colormaps["tab10"]
+    assert all(color[m] == tab10(i) for i, m in enumerate(METHODS) if i < 10)
+    assert len(set(color.values())) == len(color) == len(set(names) | set(METHODS))
+    assert color == plot.colors(reversed(names))
+
+
+def test_a_label_that_could_be_misread_in_a_folder_name_is_refused(tmp_path, capsys):
+    import study
+    for bad in ("gspo-2", "clip_s1", "token_mean", "a b", "x/y", ""):
+        with pytest.raises(SystemExit) as stopped:
+            study.main(["--out", str(tmp_path), "--plot-only", "--label", bad])
+        assert stopped.value.code == 2
+        assert f"argument --label: {bad!r} is not a label: use letters, digits and dots only" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no run in .* has logged anything yet"):    # a good label goes through
+        study.main(["--out", str(tmp_path), "--plot-only", "--label", "clip0.28"])
+
+
+def test_a_labelled_study_starts_its_runs_in_their_own_folders(tmp_path, monkeypatch):
+    """--label: each (method, seed) starts in OUT/runs/METHOD-LABEL_sSEED with the flags after --, and the
+    study beside them (an unlabelled run already there) is drawn whole afterwards."""
+    import study
+    started = []
+
+    def train(cmd, check):                 # train.py, as far as the study sees it: config.json and metrics.jsonl
+        started.append(cmd[2:])
+        args = dict(zip(cmd[2::2], cmd[3::2]))
+        path = tmp_path / args["--out"]
+        path.mkdir(parents=True)
+        (path / "config.json").write_text(json.dumps({"method": args["--method"], "seed": int(args["--seed"])}))
+        (path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval_acc": 0.1, "eval_greedy": 0.2,
+                                                        "eval_maj": 0.3}) + "\n")
+    monkeypatch.setattr(study.subprocess, "run", train)
+    out = tmp_path / "study"
+    (out / "runs").mkdir(parents=True)
+    _run(out / "runs", "coreward1_s0", "coreward1", 0, [0.1], [(0, 0.2)])
+    study.main(["--out", str(out), "--methods", "coreward1", "--seeds", "2", "--steps", "5", "--label", "gspo",
+                "--", "--policy_loss", "gspo"])
+    assert started == [["--out", str(out / "runs" / f"coreward1-gspo_s{seed}"), "--method", "coreward1", "--seed",
+                        str(seed), "--steps", "5", "--overwrite", "--policy_loss", "gspo"] for seed in (0, 1)]
+    rows = (out / "table.md").read_text().splitlines()[2:]
+    assert [row.split(" | ")[:2] for row in rows] == [["| `coreward1`", "1"], ["| `coreward1-gspo`", "2"]]
+
+
+def test_plot_only_draws_every_run_of_the_study_folder(tmp_path):
+    """Several labelled invocations filled one folder: --plot-only tabulates and draws every run folder that has
+    a metrics.jsonl, whatever --methods and --seeds say (a folder that has logged nothing is left out), each
+    variant right after its method; a variant's numbers are its own seeds' (avg@k mean over seeds by hand)."""
+    import study
+    runs = tmp_path / "study" / "runs"
+    runs.mkdir(parents=True)
+    _run(runs, "gt_s0", "gt", 0, [0.1], [(0, 0.2), (10, 0.6)])
+    for seed in range(2):
+        _run(runs, f"coreward1_s{seed}", "coreward1", seed, [0.1], [(0, 0.2), (10, 0.3 + 0.1 * seed)])
+        _run(runs, f"coreward1-gspo_s{seed}", "coreward1", seed, [0.2], [(0, 0.2), (10, 0.4 + 0.2 * seed)])
+    _run(runs, "coreward1-clip0.28_s5", "coreward1", 5, [0.3], [(0, 0.2), (10, 0.5)])
+    (runs / "majority-gspo_s0").mkdir()                                   # started, nothing logged yet
+    (runs / "majority-gspo_s0" / "config.json").write_text(json.dumps({"method": "majority", "seed": 0}))
+    study.main(["--out", str(tmp_path / "study"), "--plot-only", "--methods", "gt", "--seeds", "1"])
+    rows = (tmp_path / "study" / "table.md").read_text().splitlines()[2:]
+    assert [row.split(" | ")[:3] for row in rows] == [["| `gt`", "1", "10"], ["| `coreward1`", "2", "10"],
+                                                      ["| `coreward1-clip0.28`", "1", "10"],
+                                                      ["| `coreward1-gspo`", "2", "10"]]
+    assert rows[3].split(" | ")[3] == "0.200 (0.200–0.200) / 0.500 (0.400–0.600) / 0.500 (0.400–0.600)"
+    for name in ("eval.png", "train.png"):
+        assert (tmp_path / "study" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
