@@ -164,6 +164,10 @@ RENAMED_METHODS = [
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb",
                         "eval_samples", "hf_kv_budget_gib")
+# The loss family's settings (grpo.py, THE LOSS FAMILY) and the rephrasing control: a run's summary line names each
+# that differs from its preset's.
+LOSS_FAMILY = ("policy_loss", "clip_eps", "clip_high", "loss_agg", "advantage_std", "overlong", "overlong_buffer",
+               "entropy_coef", "rephrase_noise")
 # Flags that say how to start this process, not what the run is: not part of its configuration.
 NOT_CONFIG = ("resume", "overwrite", "preset_reason", "backend_reason", "ranks", "given")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out

@@ -15,7 +15,43 @@ The policy loss of one response token, with ratio ρ = π_θ / π_old at the sam
 (`k3`, as verl's low_var_kl and the official code compute it: r_t clamped to ±20 before the exp,
 which would overflow float32 from 88.7 and give a NaN gradient, and the value clamped at 10: a
 token the policy has moved far from the reference adds at most 10 β, and no KL gradient). The
-logged `kl` is the same k3, clamped alike.
+logged `kl` is the same k3, clamped alike. That is the official loss, and each flag below
+defaults to it.
+
+THE LOSS FAMILY. What the field varies is one function in a table each, chosen by a flag; the
+presets take the first row of each, the official code's (RECIPE.md lists each as a departure).
+
+    --policy_loss (POLICY_LOSS_TABLE): the policy term
+        clip    -min(ρ_t A, clip(ρ_t, 1-ε_low, 1+ε_high) A)                  PPO, GRPO; verl vanilla,
+                                                                              TRL importance_sampling_level=token
+        gspo    the same with the response's ratio s_i = exp(mean_t log ρ_t)  GSPO; verl gspo,
+                on each of its tokens, clipped per response; ε 3e-4 / 4e-4   TRL importance_sampling_level=sequence
+        cispo   -sg(clip(ρ_t, 1-ε_low, 1+ε_high)) A log π_θ(o_t)              CISPO (MiniMax-M1); verl cispo,
+                ε_low 1 (no lower clip), ε_high 4 (a cap of 5)                TRL loss_type=cispo (epsilon_high 5)
+    --clip_high ε_high, ε_low being --clip_eps (DAPO's clip-higher: 0.28); by default ε_high = ε_low
+    --loss_agg (LOSS_AGG_TABLE): how the tokens' losses add up (NORMALISATION)
+    --advantage_std (ADVANTAGE_STD_TABLE): the divisor of r - mean(r)
+        group   the group's std + 1e-6                                        GRPO; verl norm_adv_by_std_in_grpo,
+                                                                              TRL scale_rewards=group
+        batch   the std of every reward of the step, on all ranks, + 1e-6    TRL scale_rewards=batch
+        none    1                                                             Dr. GRPO; TRL scale_rewards=none
+    --overlong (OVERLONG_TABLE): a response cut at --max_response_len L_max, between the rewards and the group
+        filter
+        none    as it is
+        mask    loss weight 0 on its tokens                                   DAPO's overlong filtering;
+                                                                              TRL mask_truncated_completions
+        soft    the reward plus min(0, (L_max - N - L) / N), N the buffer     DAPO; verl overlong_buffer,
+                (--overlong_buffer): 0 up to L_max - N tokens, -1 at L_max    TRL get_soft_overlong_punishment
+    --entropy_coef c: the loss adds -c H_t, H_t the entropy of the token's distribution (with its
+        gradient, logprobs.py), aggregated as the rest                       verl entropy_coeff, TRL entropy_coef
+
+so that each token's loss is
+
+    loss_t = weight_t · (c_t · policy_t + β k3_t - entropy_coef · H_t)
+
+with weight_t its loss weight and c_t the rollout correction (both below). The clip fractions are
+logged apart: below (ρ < 1 - ε_low with A < 0: the clip binds) and above (ρ > 1 + ε_high with
+A > 0); for cispo, where the weight is clipped, whatever A's sign.
 
 π_old is the policy that sampled the batch; its log-probs are recomputed by the trainer
 rather than taken from the sampler, so that sampler/trainer numerical gaps never enter the
@@ -26,25 +62,40 @@ each update into micro-batches (for memory), by
 count or by a budget of padded tokens, each padded only to its own longest row. Log-probs come
 from logprobs.py (never a [B, T, V] tensor); processes and sharding from sharding.py.
 
-NORMALISATION (the one place it is stated): the loss of an update is, for each view in it, the
-mean over that view's response tokens of the update's mini-batch on all ranks, summed over views,
+NORMALISATION (the one place it is stated): the loss of an update is an aggregation of its tokens'
+losses over the update's mini-batch on all ranks, one row of LOSS_AGG_TABLE (--loss_agg). With
+N_tokens(view) the response tokens of a view, N_tokens all of them, N_seq the sequences, each in the
+global mini-batch, n_i the tokens of sequence i and L_max = --max_response_len:
+
+    view_token_mean          Σ_views Σ_{view's tokens} loss_t / N_tokens(view)    the default, the official code
+    token_mean               Σ loss_t / N_tokens                                 DAPO; verl token-mean, TRL dapo
+    seq_mean_token_mean      Σ_i (Σ_t loss_t / n_i) / N_seq                      GRPO's paper; verl seq-mean-token-
+                                                                                 mean, TRL grpo
+    seq_mean_token_sum_norm  Σ loss_t / (N_seq · L_max)                          Dr. GRPO; verl seq-mean-token-
+                                                                                 sum-norm, TRL dr_grpo
+
+The default: for each view in the update, the mean over that view's response tokens of the
+update's mini-batch on all ranks, summed over views,
 
     L = Σ_views  Σ_{ranks, sequences of the view, response tokens} loss_t  /  N_tokens(view, global mini-batch).
 
 A batch of one view (every method but the two-view ones: all its rows carry view 0) takes
-the plain token mean over the global mini-batch. Co-rewarding-I's objective is J(q) + J(q')
-(paper Eq. 6), and the official actor adds the two views' losses, each a token mean of its own
-(policy_loss_ori + policy_loss_aug): here each view's mean is over its tokens on all ranks, not
-per micro-batch as verl's is. FSDP2 averages gradients over ranks (it divides the summed gradient
-by the world size W), so each rank backpropagates Σ_local loss_t / (N_tokens(view, global) / W);
+the plain token mean over the global mini-batch, as token_mean does. Co-rewarding-I's objective is
+J(q) + J(q') (paper Eq. 6), and the official actor adds the two views' losses, each a token mean of
+its own (policy_loss_ori + policy_loss_aug): here each view's mean is over its tokens on all ranks,
+not per micro-batch as verl's is. Every normaliser is a global count (one all-reduce,
+`loss_normalizers_over_ranks`: N_tokens(view), N_tokens and N_seq, each / W). FSDP2 averages
+gradients over ranks (it divides the summed gradient by the world size W), so each rank
+backpropagates Σ_local / (N / W) for its normaliser N (n_i is the sequence's own, on its rank);
 micro-batches add their gradients up. The result is the gradient of L, whatever the number of
-ranks or micro-batches.
+ranks or micro-batches, for every aggregation.
 
-A token's loss weight (Batch.weight, 1 from make_batch) scales its whole loss_t, and N_tokens
-counts weights, not tokens: L = Σ_views Σ w_t loss_t / Σ w_t over the view's response tokens. A
-group the group filter drops (GROUP FILTERS) has weight 0 on its tokens: it leaves the sums and the
-token means of its view, its KL term too, as if it had not been sampled. A view left with no weight
-contributes 0 (its normaliser is taken as 1, never 0/0). With every weight 1, w_t · x = x and the
+A token's loss weight (Batch.weight, 1 from make_batch) scales its whole loss_t, and N_tokens and n_i
+count weights, not tokens, N_seq the sequences with any weight: L = Σ_views Σ w_t loss_t / Σ w_t over
+the view's response tokens. A group the group filter drops (GROUP FILTERS), or a response
+--overlong mask drops, has weight 0 on its tokens: it leaves the sums and the means of its view,
+its KL term too, as if it had not been sampled. A view left with no weight contributes 0 (its
+normaliser is taken as 1, never 0/0; so is an empty mini-batch's N_tokens or N_seq). With every weight 1, w_t · x = x and the
 sums of weights are the token counts exactly: the loss is bit for bit the unweighted one. The
 rollout correction's factor (below) is another matter: it scales the policy term only and leaves
 the normaliser as it is, as TRL and verl do.

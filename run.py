@@ -47,6 +47,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from tqdm import tqdm
 
 import checkpoint
+import config
 from config import DamagedCheckpoint, FolderInUse, InputError, MissingInput, OutOfDisk, config_of
 
 
@@ -461,6 +462,9 @@ def write_config(args, rank, disk, weight_check):
         evaluation = f"greedy and avg@{args.eval_k}" if args.eval_k else "greedy"
         correction = "" if args.rollout_correction == "none" else \
             f", rollout correction {args.rollout_correction} (cap {args.rollout_correction_cap})"
+        preset = config.PRESETS[args.preset]
+        correction += "".join(f", --{k} {getattr(args, k)}" for k in config.LOSS_FAMILY
+                              if getattr(args, k, preset[k]) != preset[k])
         print(f"{args.method} on {args.data}, preset {args.preset} "
               f"({getattr(args, 'preset_reason', 'as the checkpoint it resumes')}): {args.steps} steps of "
               f"{args.questions_per_step} questions x {views} x G={args.group_size}, lr {args.lr}, KL {args.kl_coef}, "

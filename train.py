@@ -18,14 +18,16 @@ One step (`training_step`):
    question's other view is the label; for coreward2_rephrased it answers the rephrasings while
    the policy trains on the originals (`--teacher_prompts rephrased`); the answer-free baselines
    (self_certainty, entropy) score responses by the policy's token distributions instead;
-4. keep the groups the group filter keeps (`--group_filter`, grpo.py's GROUP FILTERS: a dropped group's
-   tokens get loss weight 0, `Batch.weight`, and leave the loss's token means), normalise the
-   rewards within each group into advantages, and take the clipped-GRPO update(s)
-   with a k3 KL penalty to the frozen start model, or to the teacher for the teacher methods
-   (grpo.py); a two-view method's loss is J(q) + J(q'), one token mean per view;
+4. shape overlong responses (`--overlong`: a penalty, or loss weight 0), keep the groups the group
+   filter keeps (`--group_filter`, grpo.py's GROUP FILTERS: a dropped group's tokens get loss weight
+   0, `Batch.weight`, and leave the loss's token means), normalise the rewards within each group
+   into advantages (`--advantage_std`), and take the update(s): the policy term of `--policy_loss`
+   (PPO's clip by default) with a k3 KL penalty to the frozen start model, or to the teacher for the
+   teacher methods, aggregated by `--loss_agg` (grpo.py, THE LOSS FAMILY); by default a two-view
+   method's loss is J(q) + J(q'), one token mean per view;
 5. move the teacher towards the policy (EMA), and load the updated weights into the engine.
 
-`main` sets up and runs the loop: a step, its record (`step_record_over_ranks`), an evaluation every
+`main` sets up and runs the loop: a step, its record (record.py), an evaluation every
 --eval_every steps, a checkpoint every --save_every. The settings and presets are config.py's; the
 run's folder, log, checkpoints, resume and stop signals are run.py's. The run stops before the
 optimizer step at the first NaN or infinite loss, gradient norm or sampler gap: nothing non-finite
@@ -36,12 +38,13 @@ The step's collectives, in order (every rank reaches each, or the ranks wait for
   per parameter, then an all-reduce of the engines' verdicts);
 - the answer-free methods: the responses' scores (`score_responses`: the count of passes, a MAX
   all-reduce in `micro_batches_for_all_ranks`, then FSDP's all-gathers in each forward);
-- `train_step`: the reference's log-probs (as the scores), then for each update the views' token
-  counts (`loss_normalizers_over_ranks`, an all-reduce), the count of passes, FSDP's all-gathers
+- `--advantage_std batch`: the step's rewards' count, sum and sum of squares (`batch_std`, an all-reduce);
+- `train_step`: the reference's log-probs (as the scores), then for each update the normalisers' counts
+  (`loss_normalizers_over_ranks`, an all-reduce), the count of passes, FSDP's all-gathers
   and reduce-scatters in each forward and backward, the count of non-finite values (an
   all-reduce) and the gradient norm (`clip_grad_norm_`, an all-reduce over the shards);
 - the updated policy's weights into the engine (`Models.sync_engine`, as the teacher's);
-- the step's record (`step_record_over_ranks`: an all-reduce of the sums, an all-gather of the votes).
+- the step's record (record.py, `step_record_over_ranks`: an all-reduce of the sums, an all-gather of the votes).
 The loop around the step adds the evaluations' all-reduce (`all_sum`), the stop signals' all-reduce
 (`StopSignals.agreed_over_ranks`) and the checkpoints' barriers.
 """
@@ -290,7 +293,7 @@ def evaluate(step, engine, eval_set, args, device, log, rank, tokenizer):
     run.write_samples(args.out, step, examples, tokenizer)
     acc = accuracies(all_sum(sums, device), args.eval_k)
     log.write({"step": step, "eval_acc": acc["avg"], "eval_greedy": acc["greedy"], "eval_maj": acc["maj"],
-               "eval_boxed": acc["boxed"]})
+               "eval_boxed": acc["boxed"], "eval_pass": acc.get("pass")})             # pass@k: none at --eval_k 0
     if rank == 0:
         shown = f"avg@{args.eval_k} {acc['avg']:.3f}  greedy {acc['greedy']:.3f}  maj@{args.eval_k} {acc['maj']:.3f}" \
             if args.eval_k else f"greedy {acc['greedy']:.3f}"              # --eval_k 0: greedy only

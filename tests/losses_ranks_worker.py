@@ -64,6 +64,7 @@ if __name__ == "__main__":
     full = _batch(n=N)
     full.view = torch.tensor([0, 1, 1, 0, 1, 1, 1, 0])
     mine = full.rows(slice(rank * per_rank, (rank + 1) * per_rank))
+    full.weight = full.weight.clone()                  # rows() of a slice are views: keep `mine`'s weights 1
     full.weight[DROPPED] = 0.0
     mine_dropped = full.rows(slice(rank * per_rank, (rank + 1) * per_rank))
     # Each rank takes its rows in order, so its mini-batch k is its k-th chunk. One rank holding all 8 takes them as

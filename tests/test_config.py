@@ -41,6 +41,10 @@ from rewards import METHODS
     (["--max_tokens_per_micro_batch", "-1"], 1, "--max_tokens_per_micro_batch -1 must be 0 or more"),
     (["--model", "m", "--epochs", "0"], 1, "--epochs 0.0 must be positive"),
     (["--rollout_correction_cap", "0.5"], 1, "--rollout_correction_cap 0.5 must be at least 1"),
+    (["--clip_high", "0"], 1, "--clip_eps 0.2 and --clip_high 0.0 must be positive"),
+    (["--overlong", "soft", "--overlong_buffer", "48"], 1, "--overlong soft with --overlong_buffer 48: the buffer must "
+                                                           "be at least 1 token and shorter than --max_response_len 48"),
+    (["--rephrase_noise", "1.5"], 1, "--rephrase_noise 1.5 must be a share, between 0 and 1"),
 ])
 def test_settings_that_cannot_work_are_refused(flags, world_size, message):
     args = config.parse_args(["--method", "coreward1", *flags])
@@ -103,6 +107,30 @@ def test_the_rollout_correction_is_off_unless_asked_for():
     args = config.parse_args(["--method", "coreward1", "--rollout_correction", "mis", "--rollout_correction_cap", "3"])
     assert (args.rollout_correction, args.rollout_correction_cap) == ("mis", 3.0)
     assert set(ROLLOUT_CORRECTIONS) == {"none", "tis", "mis", "seq_tis", "seq_mis"}
+
+
+def test_rephrase_noise_needs_a_method_that_reads_the_rephrasings():
+    args = config.parse_args(["--method", "gt", "--rephrase_noise", "0.5"])
+    with pytest.raises(ValueError, match="--rephrase_noise 0.5 mismatches rephrasings, which --method gt --views "
+                                         "original never reads"):
+        config.check_settings(args, 1)
+    config.check_settings(config.parse_args(["--method", "coreward2_rephrased", "--rephrase_noise", "0.5"]), 1)
+
+
+def test_the_loss_family_is_off_unless_asked_for_and_a_policy_loss_brings_its_clips():
+    """Both presets take each table's first row (the official code's); --policy_loss gspo takes GSPO's clips unless
+    --clip_eps or --clip_high say otherwise; clip and the rest keep the preset's."""
+    from grpo import ADVANTAGE_STD_TABLE, LOSS_AGG_TABLE, OVERLONG_TABLE, POLICY_LOSS_TABLE
+    for model in ([], ["--model", "m"]):
+        args = config.parse_args(["--method", "coreward1", *model])
+        assert (args.policy_loss, args.loss_agg, args.advantage_std, args.overlong) == \
+            (POLICY_LOSS_TABLE[0][0], LOSS_AGG_TABLE[0][0], ADVANTAGE_STD_TABLE[0][0], OVERLONG_TABLE[0][0])
+        assert (args.clip_eps, args.clip_high, args.entropy_coef, args.rephrase_noise) == (0.2, None, 0.0, 0.0)
+    gspo = lambda *flags: config.parse_args(["--method", "coreward1", "--policy_loss", "gspo", *flags])
+    assert (gspo().clip_eps, gspo().clip_high) == (3e-4, 4e-4)
+    assert (gspo("--clip_eps", "1e-3").clip_eps, gspo("--clip_eps", "1e-3").clip_high) == (1e-3, 4e-4)
+    cispo = config.parse_args(["--method", "coreward1", "--policy_loss", "cispo"])
+    assert (cispo.clip_eps, cispo.clip_high) == (1.0, 4.0)
 
 
 def test_a_checkpoint_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):

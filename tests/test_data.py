@@ -454,3 +454,24 @@ def test_every_bad_row_is_named_in_one_message(tmp_path):
     assert message.startswith("2 row(s) cannot be read: ")
     assert "row 0: original_question" in message and "row 2: the gold answer looks like a worked solution" in message
     assert "row 1" not in message
+
+
+def test_rephrase_noise_gives_a_share_of_the_pairs_another_questions_rephrasing():
+    """--rephrase_noise: round(P x N) pairs, each with the rephrasing of another drawn pair (a cycle among them), the
+    rest untouched, the originals and gold answers kept; the same draw for the same seed, another for another seed;
+    and a draw independent of the run's question order (train.Questions, seeded by the same seed): the first steps
+    take about the share, not only mismatched pairs."""
+    import train
+    pairs = data.classroom_pairs("train")
+    noisy, line = data.mismatch_rephrasings(pairs, 0.25, 0)
+    changed = [i for i, (a, b) in enumerate(zip(pairs, noisy)) if a.rephrased != b.rephrased]
+    assert len(changed) == 375 and line.startswith("--rephrase_noise 0.25: 375 of the 1500 training pairs")
+    assert all((a.original, a.answer) == (b.original, b.answer) for a, b in zip(pairs, noisy))
+    assert sorted(noisy[i].rephrased for i in changed) == sorted(pairs[i].rephrased for i in changed)
+    assert data.mismatch_rephrasings(pairs, 0.25, 0)[0] == noisy != data.mismatch_rephrasings(pairs, 0.25, 1)[0]
+    assert data.mismatch_rephrasings(pairs, 0.0, 0)[0] == pairs
+    assert len([i for i, (a, b) in enumerate(zip(pairs, data.mismatch_rephrasings(pairs, 1.0, 0)[0]))
+                if a.rephrased != b.rephrased]) == 1500
+    questions = train.Questions.shuffled(noisy, 0)
+    first = [i for _ in range(5) for i in questions.take(16, 0, 1)[0]]
+    assert 0 < sum(i in set(changed) for i in first) < 40          # 25% of 80 is 20

@@ -3,6 +3,7 @@ import re
 
 import pytest
 
+import rewards
 from rewards import labels_for, rewards_for, twin
 
 # two questions (P = 2), G = 4; groups 0, 1 are the originals, 2, 3 their rephrasings
@@ -199,3 +200,18 @@ def test_a_vote_over_both_views_gives_the_two_groups_one_label_even_on_a_tie():
     assert voters[0] == voters[2] == ANSWERS[0] + ANSWERS[2] and voters[1] == voters[3] == ANSWERS[1] + ANSWERS[3]
     from answers import majority_vote
     assert majority_vote(ANSWERS[2] + ANSWERS[0]) == "5"                 # the order that would split the label
+
+
+def test_the_random_reward_is_a_seeded_coin_blind_to_the_answer():
+    """`random`: no label; each response's reward a fair coin from its group's seed: the same seed gives the same
+    flips whatever the answers, another seed others, and over many groups about half are 1."""
+    answers = [["1", "2", None, "4"], ["5", "5", "5", "5"]]
+    labels, voters = rewards.label_groups("random", answers, ["1", "5"], coin_seeds=[11, 12])
+    assert labels == [None, None] and voters == [[11], [12]]
+    flips = rewards.METHODS["random"].reward(answers, labels, voters)
+    assert flips == rewards.METHODS["random"].reward([["9"] * 4, [None] * 4], labels, voters)   # blind to answers
+    assert all(f in (0.0, 1.0) for g in flips for f in g)
+    many = rewards.coin_flip([[None] * 8] * 200, [None] * 200, [[s] for s in range(200)])
+    assert 0.45 < sum(map(sum, many)) / 1600 < 0.55 and many[0] != many[1]
+    with pytest.raises(ValueError, match="coin seed"):
+        rewards.label_groups("random", answers, ["1", "5"])

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import config
+import grpo
 import rewards
 import train
 import world
@@ -337,6 +338,40 @@ def test_a_rollout_correction_reaches_the_step_and_the_run_says_so(tmp_path, cap
     assert ", float32, rollout correction mis (cap 3.0); " in capsys.readouterr().out
     record = run.step_records[0]
     assert abs(record["sampler_ratio"] - 1) < 1e-5 and record["sampler_capped"] == 0
+
+
+LOSS_ROWS = [("policy_loss", name) for name in grpo.POLICY_LOSSES if name != "clip"] + \
+    [("loss_agg", name) for name in grpo.LOSS_AGGS if name != "view_token_mean"] + \
+    [("advantage_std", name) for name in grpo.ADVANTAGE_STDS if name != "group"] + \
+    [("overlong", name) for name in grpo.OVERLONGS if name != "none"] + \
+    [("clip_high", "0.28"), ("entropy_coef", "0.01"), ("rephrase_noise", "0.5")]
+
+
+@pytest.mark.parametrize("flag,value", LOSS_ROWS, ids=[f"{f}={v}" for f, v in LOSS_ROWS])
+def test_each_row_of_the_loss_family_runs_two_steps_and_logs_its_loss(tmp_path, capsys, flag, value):
+    """Each row of each table of the loss family (and clip-higher, the entropy bonus, the rephrasing control) runs 2
+    steps of coreward1: the step takes it, the summary line names it, and each step's record logs the loss, its parts
+    adding up to it, the clip fractions and each view's figures."""
+    run = run_in_process(tmp_path / "run", "coreward1", *SHORT, "--backend", "hf", "--eval_limit", "1",
+                         f"--{flag}", value)
+    assert run.error is None, run.error
+    if hasattr(run.steps[0]["cfg"], flag):      # the loss's settings; the others act on the rewards or the data
+        assert str(getattr(run.steps[0]["cfg"], flag)) == value
+    assert str(json.load(open(tmp_path / "run" / "config.json"))[flag]) == value
+    printed = capsys.readouterr().out
+    assert f", --{flag} {value}" in printed
+    assert ("--rephrase_noise 0.5: 750 of the 1500 training pairs carry another question's rephrasing" in printed) \
+        == (flag == "rephrase_noise")
+    assert len(run.step_records) == STEPS
+    for r in run.step_records:
+        assert math.isfinite(r["loss"]) and r["loss"] == pytest.approx(r["loss_policy"] + r["loss_kl"] +
+                                                                       r["loss_entropy"], abs=1e-6)
+        assert r["clip_frac"] == pytest.approx(r["clip_frac_low"] + r["clip_frac_high"])
+        for view in ("original", "rephrased"):
+            assert r[f"{view}/label_share"] == 1 and 0 <= r[f"{view}/label_acc"] <= 1
+        assert r["loss_policy"] == pytest.approx(r["original/loss_policy"] + r["rephrased/loss_policy"], abs=1e-6)
+        assert (r["loss_entropy"] != 0) == (flag == "entropy_coef")
+        assert (r["overlong_penalty"] <= 0) and (r["overlong_penalty"] == 0 or value == "soft")
 
 
 def test_the_sampler_gap_warns_on_a_jump_and_stops_only_past_the_ceiling():
