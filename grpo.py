@@ -628,16 +628,22 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
         dist.all_reduce(nonfinite)                    # a loss is rank-local: every rank must stop together
         norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
         norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        if nonfinite.any() or not math.isfinite(norm):
-            raise NonFiniteError(
-                f"update {update + 1} of {cfg.mini_batches}: {int(nonfinite[0])} non-finite loss(es), "
-                f"{int(nonfinite[1])} non-finite sampler log-prob gap(s), gradient norm {norm}. The update was not "
-                f"applied: the weights are those before it. Look for NaN or infinite rewards or advantages, a "
-                f"rollout engine returning NaN log-probs (its weights), or a learning rate too high for the dtype.")
+        stop_if_non_finite(nonfinite, norm, update, cfg.mini_batches)
         stats["grad_norm"] = max(stats["grad_norm"], norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return stats
+
+
+def stop_if_non_finite(nonfinite, norm, update, updates):
+    """Raise NonFiniteError, before the optimizer steps, when any rank's losses or sampler gaps (`nonfinite`, summed
+    over ranks) or the gradient norm is NaN or infinite."""
+    if nonfinite.any() or not math.isfinite(norm):
+        raise NonFiniteError(
+            f"update {update + 1} of {updates}: {int(nonfinite[0])} non-finite loss(es), {int(nonfinite[1])} "
+            f"non-finite sampler log-prob gap(s), gradient norm {norm}. The update was not applied: the weights are "
+            f"those before it. Look for NaN or infinite rewards or advantages, a rollout engine returning NaN "
+            f"log-probs (its weights), or a learning rate too high for the dtype.")
 
 
 def tally(stats, part, n, cfg, **values):

@@ -134,16 +134,7 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
     groups = models.engine.generate(prompts(views), args.group_size, args.temperature, args.max_response_len,
                                     seeds=seeds("policy", views))
     check_groups(groups, prompts(views), ids(views), args.group_size, "the policy")
-    teacher_answers = None
-    if models.teacher is not None:
-        # the engine now serves the teacher, until the updated policy is loaded after the step;
-        # coreward2_rephrased's teacher answers the rephrasings of the policy's questions
-        teacher_views = (1,) if args.teacher_prompts == "rephrased" else views
-        teacher_groups = teacher_rollout(models.engine, models.teacher, prompts(teacher_views),
-                                         seeds("teacher", teacher_views), args.group_size, args.temperature,
-                                         args.max_response_len)
-        check_groups(teacher_groups, prompts(teacher_views), ids(teacher_views), args.group_size, "the teacher")
-        teacher_answers = [[extract_answer(s.text) for s in g] for g in teacher_groups]
+    teacher_answers = teacher_answers_of(args, models, prompts, seeds, ids, views)    # None without a teacher
     models.engine.sleep()                         # on a GPU, its memory goes to the training phase until the sync
     t1 = time.perf_counter()
 
@@ -156,9 +147,8 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
     if method.two_view:                           # J(q) + J(q'): one token mean per view (grpo.py, NORMALISATION)
         batch.view = torch.arange(len(views), device=device).repeat_interleave(len(questions) * args.group_size)
     if method.labels is None:                     # a reward of the response's tokens, under the policy
-        labels = None
-        rewards = score_responses(models.policy, batch, step_cfg, method.reward).view(len(groups), args.group_size)
-        rewards = rewards.cpu()
+        labels, rewards = None, score_responses(models.policy, batch, step_cfg, method.reward).cpu()
+        rewards = rewards.view(len(groups), args.group_size)
     else:
         labels, voters = label_groups(args.method, answers, gold, teacher_answers, coin_seeds=seeds("reward", views))
         rewards = torch.tensor(method.reward(answers, labels, voters))           # [views x P, G]
@@ -183,11 +173,23 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
         ema_update(models.teacher, models.policy, alpha)
     t2 = time.perf_counter()
     models.sync_engine()
-    t3 = time.perf_counter()
-    times = {"t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": t3 - t2}
-    view = [v for v in views for _ in questions]
+    times = {"t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": time.perf_counter() - t2}
+    view = [v for v in views for _ in questions]                                  # each group's view
     return step_record_over_ranks(Step(step, groups, answers, gold, labels, rewards, shaped, keep, stats, view, lr,
                                        alpha, times), device, world_size)
+
+
+def teacher_answers_of(args, models, prompts, seeds, ids, views):
+    """The teacher methods' answers [groups][G] (None for the others), from training_step's prompts, seeds and ids of
+    the views asked for. The engine now serves the teacher, until the updated policy is loaded after the step;
+    coreward2_rephrased's teacher answers the rephrasings of the policy's questions."""
+    if models.teacher is None:
+        return None
+    which = (1,) if args.teacher_prompts == "rephrased" else views
+    groups = teacher_rollout(models.engine, models.teacher, prompts(which), seeds("teacher", which), args.group_size,
+                             args.temperature, args.max_response_len)
+    check_groups(groups, prompts(which), ids(which), args.group_size, "the teacher")
+    return [[extract_answer(s.text) for s in g] for g in groups]
 
 
 def lengths_and_cuts(groups):
