@@ -129,3 +129,19 @@ def test_each_documented_snippet_runs(doc, block, tmp_path):
     res = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, capture_output=True, text=True,
                          timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
     assert res.returncode == 0, f"a block of {doc} failed:\n{block[:800]}\n{res.stderr[-2000:]}"
+
+
+def test_no_two_documented_runs_write_into_one_folder():
+    """config.default_out's promise: two different documented train.py runs never share an --out, so that a reader who
+    runs one after the other is not refused (the same command given in two documents is one run)."""
+    outs = {}
+    for doc, words, _ in COMMANDS:
+        script, args = script_of(words)
+        if script != "train.py" or "--resume" in args or "--method" not in args:
+            continue
+        given = [EXERCISE_METHODS.get(a, a) for a in args]
+        out = os.path.normpath(config.parse_args(given).out if "--out" in args else config.default_out(
+            args[args.index("--method") + 1], config.parse_args(given).model))
+        outs.setdefault(out, {})[" ".join(args)] = doc
+    shared = {out: runs for out, runs in outs.items() if len(runs) > 1}
+    assert not shared, f"documented runs that write into one folder: {shared}; give one of them --out"
