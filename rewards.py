@@ -51,7 +51,7 @@ A new reward is one function beside `agreement` (answers, labels, voters -> rewa
 Departure from the official code: answers are compared and voted on as mathematics
 (answers.py), not as raw strings, so "\\frac12", "0.5" and "1/2" are one answer. The official
 reward managers vote on the strings and give 1 to a response whose string equals the label
-(Co-rewarding-III's strips the label, not the answer); an empty \\boxed{} is no answer in both.
+(Co-rewarding-III's `_answers_equal` strips the spaces around both); an empty \\boxed{} is no answer in both.
 """
 import dataclasses
 import math

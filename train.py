@@ -324,12 +324,19 @@ def read_inputs(args, resume, rank, world_size):
     if resume is not None:                          # before anything slow: the data and model it was trained on
         run.check_fingerprints(resume, fingerprints)
     if args.steps is None:
-        args.steps = max(1, int(args.epochs * len(pairs) / args.questions_per_step))
+        args.steps = run_length(args.epochs, len(pairs), args.questions_per_step)
+
     leftover = len(pairs) % args.questions_per_step
     if leftover and args.steps * args.questions_per_step >= len(pairs) and rank == 0:
         print(f"each epoch leaves out {leftover} of its {len(pairs)} questions, the last of its shuffle: "
               f"--questions_per_step {args.questions_per_step} does not divide them (Questions.take)")
     return model_dir, tokenizer, encode, pairs, fingerprints, evaluation_set(tokenizer, args, rank, world_size), noise
+
+
+def run_length(epochs, pairs, questions_per_step):
+    """The steps of --epochs over `pairs` questions, as the official trainer counts them: its dataloader's length
+    (drop_last: pairs // questions_per_step) times the epochs (at least 1)."""
+    return max(1, int(epochs * (pairs // questions_per_step)))
 
 
 def show_step(step, record, bar, watches, rank):

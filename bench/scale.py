@@ -58,7 +58,7 @@ QWEN3_4B = dict(vocab_size=VOCAB, hidden_size=2560, intermediate_size=9728, num_
 GiB = 2**30
 CARD_BYTES = 85.0e9                 # what CUDA reports for an "80 GB" card (79.2 GiB): the share vLLM takes is of this
 OFFICIAL_UTILIZATION = 0.75         # config.PRESETS["official"]["gpu_memory_utilization"]
-OPENRS_PAIRS = 6_999                # data/train/openrs_pairs.parquet: 3 epochs of 128 questions are 164 steps
+OPENRS_PAIRS = 6_999                # data/train/openrs_pairs.parquet: 3 epochs of 6,999 // 128 = 54 steps are 162
 
 # What each variant turns on. "before": everything as it was.
 VARIANTS = {
@@ -447,7 +447,7 @@ def main():
             phases, kv = gpu_phases(QWEN3_4B, utilization=OFFICIAL_UTILIZATION, teacher=teacher)
             print_phases(phases, kv, CARD_BYTES, sequences=(2 if not teacher else 1) * 128 // 8 * 8,
                          max_tokens=512 + 3072)
-        print_disk(QWEN3_4B, steps=int(3 * OPENRS_PAIRS / 128))
+        print_disk(QWEN3_4B, steps=3 * (OPENRS_PAIRS // 128))
     if args.account_only:
         return
 
