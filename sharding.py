@@ -117,14 +117,34 @@ def sync_engine_weights(engine, model):
     (rollout.py: every tensor sent and taken, a sample read back). A collective: every rank stops,
     with the failing rank's words, if any rank's engine did not take its weights."""
     problem = engine.load_weights(gather_full_weights(model, engine.dtype))
-    failed = torch.tensor([float(problem is not None)])
-    dist.all_reduce(failed)                       # a CPU tensor: gloo, on a CPU and beside NCCL on a GPU
-    if failed.item():
-        raise WeightSyncError(f"the weight sync into the rollout engine failed on rank {dist.get_rank()}: "
-                              f"{problem or 'another rank failed (its message says why)'}. The engine would sample "
-                              f"from other weights than the trainer's, so the run stopped. Check that the trainer and "
-                              f"the engine load the same --model folder, and that vLLM is the version the "
-                              f"requirements pin")
+    raise_if_any_rank(problem, WeightSyncError, "the weight sync into the rollout engine",
+                      "The engine would sample from other weights than the trainer's, so the run stopped. Check that "
+                      "the trainer and the engine load the same --model folder, and that vLLM is the version the "
+                      "requirements pin")
+
+
+def failed_ranks(problem):
+    """[(rank, its problem)] of the ranks whose `problem` is not None, the same list on every rank: an all-reduce of
+    who failed (a CPU tensor: gloo, on a CPU and beside NCCL on a GPU), then, only when one did, an all-gather of
+    their words."""
+    failed = torch.zeros(dist.get_world_size())
+    failed[dist.get_rank()] = float(problem is not None)
+    dist.all_reduce(failed)
+    if not failed.any():
+        return []
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    return [(rank, p) for rank, p in enumerate(problems) if p is not None]
+
+
+def raise_if_any_rank(problem, error, what, advice):
+    """A collective: raise `error` on every rank, naming the first rank that failed and its words, and how many others
+    did, if any rank's `problem` is not None."""
+    failed = failed_ranks(problem)
+    if failed:
+        (rank, words), others = failed[0], len(failed) - 1
+        also = f" (and on {others} other rank{'s' if others > 1 else ''})" if others else ""
+        raise error(f"{what} failed on rank {rank}{also}: {words}. {advice}")
 
 
 def all_sum(values, device):

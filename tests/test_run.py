@@ -258,3 +258,37 @@ def test_the_runs_disk_account_by_hand():
     assert checkpoint.run_disk_bytes(10, 3, keep_last=0, saves=3) == 33
     assert checkpoint.run_disk_bytes(10, 3, keep_last=5, saves=3) == 33
     assert checkpoint.run_disk_bytes(10, 13, keep_last=1, saves=4) == 23
+
+
+def test_a_failed_sync_names_the_rank_that_failed_on_every_rank(tmp_path):
+    """2 ranks, the engine of rank 1 refusing its weights: both ranks stop, and both messages name rank 1 and its
+    words (not each rank its own number with 'another rank failed')."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(f"""
+import sys
+sys.path.insert(0, {ROOT!r})
+import torch.distributed as dist
+from sharding import WeightSyncError, init_distributed, sync_engine_weights
+
+class Engine:
+    dtype = None
+    def load_weights(self, weights):
+        list(weights)
+        return "its o_proj was not taken" if dist.get_rank() == 1 else None
+
+import torch
+rank, world, _ = init_distributed()
+try:
+    sync_engine_weights(Engine(), torch.nn.Linear(2, 2))
+except WeightSyncError as e:
+    print(f"rank {{rank}}: {{e}}", flush=True)
+dist.destroy_process_group()
+""")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", "29631",
+                          str(worker)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = sorted(line for line in res.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2
+    for rank, line in enumerate(lines):
+        assert line.startswith(f"rank {rank}: the weight sync into the rollout engine failed on rank 1: its o_proj "
+                               f"was not taken. The engine would sample"), line
