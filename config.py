@@ -169,7 +169,7 @@ MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_ga
 LOSS_FAMILY = ("policy_loss", "clip_eps", "clip_high", "loss_agg", "advantage_std", "overlong", "overlong_buffer",
                "entropy_coef", "rephrase_noise")
 # Flags that say how to start this process, not what the run is: not part of its configuration.
-NOT_CONFIG = ("resume", "overwrite", "preset_reason", "backend_reason", "ranks", "given")
+NOT_CONFIG = ("resume", "overwrite", "preset_reason", "backend_reason", "ranks", "max_restarts", "given")
 LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
 
 
@@ -250,6 +250,9 @@ FLAGS = [
      "continue the run in --out from its latest checkpoint, or from the CHECKPOINT folder named"),
     ("ranks", dict(type=int), "start this many ranks on this machine, one per GPU, as torchrun --standalone "
                               "--nproc_per_node does (default: one, or the ranks torchrun started)"),
+    ("max_restarts", dict(type=int), "with --ranks: start the ranks again after a failure, up to this many "
+                                                "times, each restart continuing from the newest checkpoint (as "
+                                                "torchrun --max-restarts does)"),
     ("seed", dict(type=int), "seeds the data order, every sampled request and the mini-batch order"),
     ("backend", dict(choices=BACKENDS), "the rollout engine: vllm, transformers' generate (hf), or auto: vLLM where "
                                         "it is installed, else hf (config.choose_backend)"),
@@ -453,7 +456,8 @@ def resume_settings(args):
             why = " (it sets the LR and EMA schedules)" if name in ("steps", "epochs") else ""
             refuse(f"--{name} {now} differs from the checkpoint's {then}{why} in {path}: a resumed run keeps its "
                    f"configuration; drop the flag, or start a new run in another --out")
-    kept = {"out": out, "resume": path, "overwrite": None, "ranks": args.ranks, "given": given}
+    kept = {"out": out, "resume": path, "overwrite": None, "ranks": args.ranks, "max_restarts": args.max_restarts,
+            "given": given}
     return argparse.Namespace(**{**settings, **kept}), path
 
 

@@ -53,16 +53,21 @@ from config import DamagedCheckpoint, FolderInUse, InputError, MissingInput, Out
 
 RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints", "run.log", "samples.jsonl")
 RUN_LOCK = ".run.lock"           # rank 0 holds it exclusively for the whole run; it names the holder
+RUN_ID = ".run.id"               # the launcher's id of the run that holds the folder (`attempt`): its restarts know it
+STOPPED = 75                     # the exit status of a run stopped by a signal after its checkpoint (EX_TEMPFAIL, "try
+                                 # again"): torchrun restarts a worker that exits with it, a Slurm script requeues
 WORKERS_LOCK = ".workers.lock"   # every rank holds it shared while it lives
 
 
-def launch_ranks(ranks, program, argv):
+def launch_ranks(ranks, program, argv, max_restarts=0, out=None):
     """Start `ranks` processes of `program argv` under torchrun's launcher (its agent, in this process), and
     exit with the status of the first rank that failed. Each rank reports its own failure: a mistake in the
     settings or inputs as one line from the first rank (status 2, to which nothing is added here), anything
     else as its traceback, followed by one line that names the rank. A signal reaches the ranks as under
     torchrun (each finishes its step and writes a checkpoint; a second one, which torchrun's agent passes on as
-    SIGTERM, stops them at once: StopSignals); this process then exits with 128 + the signal."""
+    SIGTERM, stops them at once: StopSignals); this process then exits with 128 + the signal. With `max_restarts`,
+    torchrun starts the ranks again after a failure, up to that many times, and each restart continues the run from
+    its newest checkpoint (`as_an_attempt`); when they are spent, one line says so and how to continue by hand."""
     import logging
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -73,13 +78,17 @@ def launch_ranks(ranks, program, argv):
         logging.getLogger(logger).setLevel(logging.CRITICAL)         # each has its level (torch's LOGLEVEL)
     name = os.path.basename(program)
     try:
-        torchrun.run(torchrun.parse_args(["--standalone", f"--nproc_per_node={ranks}", program, *argv]))
+        torchrun.run(torchrun.parse_args(["--standalone", f"--nproc_per_node={ranks}", f"--max-restarts={max_restarts}",
+                                          program, *argv]))
     except ChildFailedError as failed:
         rank, first = failed.get_first_failure()
-        if first.exitcode != 2:
-            how = f"exit status {first.exitcode}" if first.exitcode > 0 else f"signal {-first.exitcode}"
-            print(f"{name}: rank {rank} stopped with {how}; its message is above", file=sys.stderr, flush=True)
-        sys.exit(2 if first.exitcode == 2 else 1)
+        if first.exitcode in (2, STOPPED):          # a usage error, or a stop with its checkpoint: each said so
+            sys.exit(first.exitcode)
+        how = f"exit status {first.exitcode}" if first.exitcode > 0 else f"signal {-first.exitcode}"
+        spent = f"; torchrun's {max_restarts} restart(s) are spent, and {out} keeps its newest checkpoint: continue " \
+                f"by hand with python {name} --out {out} --resume" if max_restarts else ""
+        print(f"{name}: rank {rank} stopped with {how}; its message is above{spent}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except SignalException as stop:
         sys.exit(128 + stop.sigval)
 
@@ -108,6 +117,9 @@ def lock_out(out, rank):
                            f"{' '.join(sys.argv)}\n")
             run_lock.flush()
             held = [run_lock, workers]
+            with open(os.path.join(out, RUN_ID + ".tmp"), "w") as f:          # whole or not at all: its restarts
+                f.write(str(attempt()[0]))                                    # read it while this rank writes it
+            os.replace(os.path.join(out, RUN_ID + ".tmp"), os.path.join(out, RUN_ID))
         except BlockingIOError:
             error = (f"--out {out} is in use by another run ({holder}), or by a worker of it that is still running; "
                      f"wait for it to end or stop it (its workers stop at their step's end once their launcher is "
@@ -121,6 +133,49 @@ def lock_out(out, rank):
         fcntl.flock(workers, fcntl.LOCK_SH)
         held = [workers]
     return held
+
+
+def attempt():
+    """(the launcher's id of this run, this attempt's number, the restarts the launcher allows): torchrun's elastic
+    agent (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS) and Slurm (SLURM_JOB_ID, and
+    SLURM_RESTART_COUNT for a requeued job), whose job id stays the run's across requeues. (None, 0, 0) outside both."""
+    env = os.environ.get
+    slurm, elastic = env("SLURM_JOB_ID"), env("TORCHELASTIC_RUN_ID")
+    run_id = f"slurm job {slurm}" if slurm else f"torchrun {elastic}" if elastic else None
+    count = int(env("SLURM_RESTART_COUNT", 0) if slurm else 0) + int(env("TORCHELASTIC_RESTART_COUNT", 0))
+    return run_id, count, int(env("TORCHELASTIC_MAX_RESTARTS", 0))
+
+
+def as_an_attempt(argv, out):
+    """A restart of the run that holds `out` (its launcher's id in OUT/.run.id, this attempt's number above 0)
+    continues it, with nothing typed: (argv with --resume, from its newest complete checkpoint, or with --overwrite
+    when it has none yet: the run starts afresh over its own first attempt's outputs; a line for run.log). Any other
+    start gets (argv, None): a second run on the folder is refused as before."""
+    run_id, count, allowed = attempt()
+    path = os.path.join(out, RUN_ID)
+    if not count or not os.path.exists(path) or open(path).read() != str(run_id):
+        return argv, None
+    kept, skip = [], False
+    for word in argv:                       # the command's own --resume [CHECKPOINT] or --overwrite give way
+        if skip and not word.startswith("--"):
+            skip = False
+            continue
+        skip = word == "--resume"
+        if word not in ("--resume", "--overwrite"):
+            kept.append(word)
+    latest = checkpoint.latest(out)
+    which = f"restart {count} of {allowed}" if allowed else f"restart {count}"
+    if latest is None:
+        return kept + ["--overwrite"], f"{which} of {run_id}: no complete checkpoint yet, so the run starts afresh"
+    return kept + ["--resume"], f"{which} of {run_id}: continued from {latest}"
+
+
+def dropped_note(steps):
+    """What a resume dropped from metrics.jsonl: the steps logged after its checkpoint (a failed attempt's)."""
+    if not steps:
+        return ""
+    return f"; the steps after it that the failed attempt had logged ({steps[0]}-{steps[-1]}) are dropped from " \
+           f"metrics.jsonl and run again"
 
 
 def earlier_outputs(out, overwrite, rank):
@@ -202,7 +257,7 @@ class MetricsLog:
     stand-in that does nothing on the other ranks. A new run starts the file afresh; a resumed one
     keeps the records up to its checkpoint's step."""
     def __init__(self, path, active, resume_step=None, wandb_run=None):
-        self.path, self.active = path, active
+        self.path, self.active, self.dropped = path, active, []
         self.wandb = wandb_run or NoWandb()
         if active and resume_step is None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -223,6 +278,7 @@ class MetricsLog:
                     break
                 raise ValueError(f"{self.path} line {i + 1} is not JSON: {line[:80]!r}; repair or remove it") from None
             if record["step"] > step:
+                self.dropped += [json.loads(x)["step"] for x in lines[i:] if x.endswith("\n") and '"reward"' in x]
                 break
             kept.append((line, record))
         logged = [record["step"] for _, record in kept if "reward" in record]

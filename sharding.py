@@ -29,12 +29,25 @@ def init_distributed():
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
         if "WORLD_SIZE" in os.environ:                # under torchrun: it says who we are
-            dist.init_process_group(backend)
+            dist.init_process_group(backend, **restart_store())
         else:                                         # alone: a world of one on a free local port
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def restart_store():
+    """The process group's store on a restart of torchrun's workers: {} on a first attempt (env://, as torchrun says).
+    torchrun's agent hosts the store its workers share and keeps it across restarts, with the keys of the failed
+    attempt's groups in it: a restart's new groups (vLLM's among them) have the same names and would read the dead
+    ranks' addresses. A restart's keys go under a prefix of its own."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if not attempt or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    return {"store": dist.PrefixStore(f"attempt_{attempt}/", store), "rank": int(os.environ["RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"])}
 
 
 def shard(model, param_dtype=None, activation_checkpointing=False, compile_layers=False):

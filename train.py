@@ -351,11 +351,14 @@ def show_step(step, record, bar, watches, rank):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    # a launcher's restart of the run in --out (torchrun --max-restarts, a requeued Slurm job) continues it
+    argv, restart = run.as_an_attempt(argv, config.parse_args(argv, __doc__).out)
     args, resume = config.settings(argv, __doc__)
     if resume is not None and run.finished(resume, args):
         return
     if args.ranks and "WORLD_SIZE" not in os.environ:     # python train.py --ranks N: start the N ranks here
-        return run.launch_ranks(args.ranks, os.path.abspath(__file__), sys.argv[1:] if argv is None else argv)
+        return run.launch_ranks(args.ranks, os.path.abspath(__file__), argv, args.max_restarts or 0, args.out)
     rank, world_size, device = init_distributed()
     held_locks = run.lock_out(args.out, rank)      # noqa: F841  (open until the process ends: no other run on --out)
     earlier = run.earlier_outputs(args.out, args.overwrite, rank) if resume is None else []
@@ -381,6 +384,8 @@ def main(argv=None):
         log = run.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0,
                              resume_step=start if resume else None, wandb_run=wandb_run)
         watch = run.CollapseWatch()
+        if restart and rank == 0:
+            print(restart + run.dropped_note(log.dropped))
         run.write_config(args, rank, run.disk_bytes(models, args), models.engine.weight_check_report())
         if noise and rank == 0:                     # --rephrase_noise: how many pairs the control mismatched
             print(noise)
@@ -404,7 +409,7 @@ def main(argv=None):
                 if stopped:
                     if rank == 0:
                         print(f"stopped after step {step} of {args.steps}; continue with: --out {args.out} "
-                              f"--resume")
+                              f"--resume (status {run.STOPPED}: a launcher's restart or requeue continues it)")
                     break
             if not stopped:
                 run.save_final(models.policy, model_dir, tokenizer, args.out, rank, args.preset)
@@ -415,7 +420,8 @@ def main(argv=None):
         models.engine.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+    return run.STOPPED if stopped else None
 
 
 if __name__ == "__main__":
-    config.exit_on_usage_error(main, "train.py")
+    sys.exit(config.exit_on_usage_error(main, "train.py"))

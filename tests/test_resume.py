@@ -56,9 +56,9 @@ def start(out, ranks, *flags, env=None, program=None):
                                  "OMP_NUM_THREADS": str(max(1, THREADS // ranks)), **(env or {})})
 
 
-def finish(proc, out, timeout=600):
+def finish(proc, out, timeout=600, status=0):
     rc = proc.wait(timeout=timeout)
-    assert rc == 0, open(f"{out}.log").read()[-4000:]
+    assert rc == status, open(f"{out}.log").read()[-4000:]
 
 
 def records(out):
@@ -188,7 +188,8 @@ def test_a_question_gets_the_same_samples_at_one_and_two_ranks(uninterrupted):
 
 def test_a_preempted_run_then_a_kill_during_a_save_each_resume_to_the_uninterrupted_run(tmp_path, uninterrupted):
     """Two interruptions of one run, each resumed. A scheduler's preemption (SIGTERM): the run finishes the step it
-    is in, writes a checkpoint there (between the --save_every ones) and exits 0. Its resume is then killed (SIGKILL,
+    is in, writes a checkpoint there (between the --save_every ones) and exits with run.STOPPED (75: a launcher's
+    restart or a requeue continues it). Its resume is then killed (SIGKILL,
     tests/train_killed_in_save.py) in the save of the last step, once every part is written and before it is
     published: the half-written save is left under its temporary name, and --resume goes on from the newest
     complete checkpoint. The run that comes out is the uninterrupted one."""
@@ -199,7 +200,7 @@ def test_a_preempted_run_then_a_kill_during_a_save_each_resume_to_the_uninterrup
         assert proc.poll() is None, open(f"{out}.log").read()[-4000:]
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    finish(proc, out)
+    finish(proc, out, status=run.STOPPED)
     log = open(f"{out}.log").read()
     stopped = max(logged_steps(out))
     assert stopped < STEPS and f"stopped after step {stopped} of {STEPS}" in log
@@ -285,6 +286,66 @@ def test_a_second_signal_to_the_launcher_stops_every_rank_at_once(tmp_path):
     rc, took, log = stopped_twice(out, 2)
     assert rc == 128 + signal.SIGINT and took < 20, (rc, took, log[-3000:])
     assert_stopped_in_step_3_keeping_step_2(out, log, 2)
+
+
+# --------------------------------------------------------------------------------------------
+# A run that restarts itself: torchrun's restarts (--max-restarts; train.py --ranks N --max_restarts K)
+
+KILLED = [os.path.join(ROOT, "tests", "train_killed.py")]
+
+
+def killed_run(out, at, attempts="first", torchrun=False, restarts=1):
+    """A 2-rank run of FLAGS whose rank 1 is SIGKILLed `at` (tests/train_killed.py), under restarts: torchrun's own
+    launcher, or train.py --ranks 2 --max_restarts. Returns (its exit status, its console)."""
+    env = {"KILL_RANK": "1", "KILL_AT": at, "KILL_ATTEMPTS": attempts, "OMP_NUM_THREADS": str(max(1, THREADS // 2))}
+    if torchrun:
+        program = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--max-restarts={restarts}",
+                   *KILLED]
+        proc = start(out, 1, "--method", "coreward1", *FLAGS, env=env, program=program)
+    else:
+        proc = start(out, 2, "--method", "coreward1", *FLAGS, "--max_restarts", str(restarts), env=env,
+                     program=KILLED)
+    return proc.wait(timeout=900), open(f"{out}.log").read()
+
+
+@pytest.mark.full
+def test_torchrun_restarts_a_run_that_lost_a_rank_and_it_ends_as_the_uninterrupted_run(tmp_path, uninterrupted):
+    """torchrun --max-restarts 1, rank 1 SIGKILLed right after the step-2 checkpoint of a 4-step run: torchrun starts
+    the ranks again, the restart continues from step 2 with nothing typed (the folder's run id is its own), and the
+    run finishes; metrics.jsonl and the final weights are the uninterrupted run's, and run.log names the restart."""
+    out = str(tmp_path / "restarted")
+    rc, log = killed_run(out, "saved:2", torchrun=True)
+    assert rc == 0 and "rank 1 killed at saved 2" in log, log[-4000:]
+    line = f"restart 1 of 1 of torchrun "
+    run_log = open(os.path.join(out, "run.log")).read()
+    assert line in run_log and f": continued from {out}/checkpoints/step_2" in run_log, run_log[-3000:]
+    assert_same_run(out, uninterrupted("coreward1", 2))
+
+
+@pytest.mark.full
+def test_a_restart_before_the_first_checkpoint_starts_the_run_afresh(tmp_path, uninterrupted):
+    """train.py --ranks 2 --max_restarts 1, rank 1 killed at the start of step 1: no checkpoint yet, so the restart
+    starts the run afresh over its first attempt's outputs, says so, and ends as the uninterrupted run."""
+    out = str(tmp_path / "restarted")
+    rc, log = killed_run(out, "step:1")
+    assert rc == 0 and "rank 1 killed at step 1" in log, log[-4000:]
+    assert "restart 1 of 1 of torchrun " in log and "no complete checkpoint yet, so the run starts afresh" in log
+    assert_same_run(out, uninterrupted("coreward1", 2))
+
+
+@pytest.mark.full
+def test_spent_restarts_say_so_in_one_line_and_leave_the_folder_to_resume_by_hand(tmp_path):
+    """Rank 1 killed at the start of step 3 in every attempt, one restart allowed: the restart continues from step 2
+    and is killed again; the launcher says in one line that the restarts are spent and how to continue, and the
+    folder holds the step-2 checkpoint, whole, and metrics.jsonl up to it."""
+    out = str(tmp_path / "spent")
+    rc, log = killed_run(out, "step:3", attempts="every")
+    assert rc == 1 and log.count("rank 1 killed at step 3") == 2, log[-4000:]
+    assert (f"train_killed.py: rank 1 stopped with signal 9; its message is above; torchrun's 1 restart(s) are spent, "
+            f"and {out} keeps its newest checkpoint: continue by hand with python train_killed.py --out {out} "
+            f"--resume") in log, log[-3000:]
+    assert checkpoint.latest(out).endswith("step_2") and checkpoint.is_checkpoint(checkpoint.latest(out))
+    assert logged_steps(out) == [1, 2]
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,4 +33,4 @@ if __name__ == "__main__":
         return step(args, step_number, *rest)
     train.training_step = blocked_in_step
     train.__file__ = os.path.abspath(__file__)          # --ranks starts this script as each worker
-    config.exit_on_usage_error(train.main, "train.py")
+    sys.exit(config.exit_on_usage_error(train.main, "train.py"))

@@ -22,4 +22,4 @@ if __name__ == "__main__":
             os.kill(os.getpid(), signal.SIGKILL)
         publish(partial, final)
     checkpoint.publish = killed_before_publishing
-    config.exit_on_usage_error(train.main, "train.py")
+    sys.exit(config.exit_on_usage_error(train.main, "train.py"))

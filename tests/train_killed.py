@@ -1,0 +1,42 @@
+"""train.py with one rank killed (SIGKILL, as a lost node or a crash ends it) at a chosen point of the run, for the
+tests of torchrun's restarts:
+
+    KILL_RANK=R KILL_AT=saved:S|step:S [KILL_ATTEMPTS=first|every] python tests/train_killed.py [train.py's flags]
+
+`saved:S` kills rank R right after step S's checkpoint is complete; `step:S` at the start of step S. `first` (the
+default) kills in the first attempt only (TORCHELASTIC_RESTART_COUNT 0), so that a restart runs on; `every` in each
+attempt, so that the restarts are spent. With --ranks the workers run this script too (the variables are inherited).
+"""
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import config  # noqa: E402
+import run  # noqa: E402
+import train  # noqa: E402
+
+
+def killed_here(where, step):
+    """SIGKILL this process if it is the rank, the point and the attempt asked for."""
+    first_only = os.environ.get("KILL_ATTEMPTS", "first") == "first"
+    if (os.environ["KILL_AT"] == f"{where}:{step}" and int(os.environ.get("RANK", 0)) == int(os.environ["KILL_RANK"])
+            and not (first_only and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))):
+        print(f"rank {os.environ.get('RANK', 0)} killed at {where} {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    save, step = run.save_checkpoint, train.training_step
+
+    def saved_then_killed(args, step_number, *rest, **kwargs):
+        save(args, step_number, *rest, **kwargs)
+        killed_here("saved", step_number)
+
+    def killed_in_step(args, step_number, *rest):
+        killed_here("step", step_number)
+        return step(args, step_number, *rest)
+    run.save_checkpoint, train.training_step = saved_then_killed, killed_in_step
+    train.__file__ = os.path.abspath(__file__)          # --ranks starts this script as each worker
+    sys.exit(config.exit_on_usage_error(train.main, "train.py"))
