@@ -24,6 +24,7 @@ import checkpoint
 from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, LOSS_AGGS, OVERLONGS, POLICY_LOSS_CLIPS,
                   POLICY_LOSS_TABLE, ROLLOUT_CORRECTIONS)
 from rewards import METHODS
+from sharding import GuardStop
 
 class UsageError(Exception):
     """A mistake in what was asked for (a setting, a path, data that cannot be read, a folder in use),
@@ -58,20 +59,24 @@ class OutOfDisk(UsageError):
 
 
 USAGE_ERROR_WAIT_S = 10       # how long a rank other than 0 waits, after a usage error, for its launcher to stop it
+GUARD_STOP = 3                # the exit status of a run a guard stopped (sharding.GuardStop)
 
 
 def exit_on_usage_error(main, program):
-    """Run main(); a UsageError becomes one line on stderr, from the first rank only, and status 2. The other ranks
-    wait (at most USAGE_ERROR_WAIT_S) for the launcher to stop them: torchrun's agent stops every worker at the
-    first one's exit, and a rank that exited before rank 0 had printed would cut its line off."""
+    """Run main(); a UsageError becomes one line on stderr, from the first rank only, and status 2; a guard's stop
+    (sharding.GuardStop: a failed weight sync, the sampler gap past its ceiling, a non-finite value, groups out of
+    order) one line too, and status GUARD_STOP. The other ranks wait (at most USAGE_ERROR_WAIT_S) for the launcher
+    to stop them: torchrun's agent stops every worker at the first one's exit, and a rank that exited before rank 0
+    had printed would cut its line off."""
     try:
         return main()
-    except UsageError as e:
+    except (UsageError, GuardStop) as e:
         if int(os.environ.get("RANK", 0)) == 0:
-            print(f"{program}: error: {e}", file=sys.stderr, flush=True)
+            print(f"{program}: {'error' if isinstance(e, UsageError) else 'stopped'}: {e}", file=sys.stderr,
+                  flush=True)
         else:
             time.sleep(USAGE_ERROR_WAIT_S)
-        sys.exit(2)
+        sys.exit(2 if isinstance(e, UsageError) else GUARD_STOP)
 
 
 # Every setting's value in each preset, one row a setting. None: not set (--steps: from --epochs; --epochs: from

@@ -150,7 +150,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from logprobs import token_logprobs, token_values
-from sharding import all_sum, reshard
+from sharding import GuardStop, all_sum, reshard
 
 
 # --------------------------------------------------------------------------------------------
@@ -560,7 +560,7 @@ def score_responses(model, batch, cfg, fn):
     return out
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(GuardStop, FloatingPointError):
     """A loss, sampler log-prob gap or gradient norm that is NaN or infinite: the step stops
     before the optimizer touches the weights."""
 

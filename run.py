@@ -49,6 +49,7 @@ from tqdm import tqdm
 import checkpoint
 import config
 from config import DamagedCheckpoint, FolderInUse, InputError, MissingInput, OutOfDisk, config_of
+from sharding import GuardStop
 
 
 RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints", "run.log", "samples.jsonl")
@@ -82,7 +83,8 @@ def launch_ranks(ranks, program, argv, max_restarts=0, out=None):
                                           program, *argv]))
     except ChildFailedError as failed:
         rank, first = failed.get_first_failure()
-        if first.exitcode in (2, STOPPED):          # a usage error, or a stop with its checkpoint: each said so
+        if first.exitcode in (2, config.GUARD_STOP, STOPPED):   # a usage error, a guard's stop, a stop with its
+                                                                # checkpoint: each said so in its line
             sys.exit(first.exitcode)
         how = f"exit status {first.exitcode}" if first.exitcode > 0 else f"signal {-first.exitcode}"
         spent = f"; torchrun's {max_restarts} restart(s) are spent, and {out} keeps its newest checkpoint: continue " \
@@ -694,6 +696,10 @@ def save_final(policy, model_dir, tokenizer, out, rank, preset):
 SAMPLER_GAP_CEILING = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.25}
 
 
+class SamplerGapStop(GuardStop):
+    """The sampler gap passed its ceiling: the engine does not run the trainer's weights."""
+
+
 class SamplerGapWatch:
     """The sampler gap (`sampler_gap`: the mean |engine - trainer| log-prob per token of the engine's own
     samples) as a health signal. The exact check of each sync is the engine's own (rollout.py: every tensor
@@ -718,10 +724,10 @@ class SamplerGapWatch:
         return sum(self.first) / len(self.first) if len(self.first) == self.BASELINE_STEPS else None
 
     def check(self, step, record):
-        """Raises RuntimeError past the ceiling; returns a warning (a line) or None."""
+        """Raises SamplerGapStop past the ceiling; returns a warning (a line) or None."""
         gap = record["sampler_gap"]
         if not gap <= self.ceiling:
-            raise RuntimeError(f"step {step}: the rollout engine's log-probs differ from the trainer's by {gap:.3g} "
+            raise SamplerGapStop(f"step {step}: the rollout engine's log-probs differ from the trainer's by {gap:.3g} "
                                f"per token (> {self.ceiling:g}, the ceiling of a correct run in this precision: "
                                f"--max_sampler_gap): the engine is not running the trainer's weights. Check the "
                                f"weight sync (names and dtypes the engine expects); the run's metrics.jsonl shows "

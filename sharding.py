@@ -121,7 +121,12 @@ def gather_full_weights(model, dtype=None):
             yield name, full
 
 
-class WeightSyncError(RuntimeError):
+class GuardStop(RuntimeError):
+    """A guard stopped the run (every rank together): its message says what happened, the likely cause and what to
+    do, and train.py prints it alone, as one line without a traceback (config.exit_on_usage_error)."""
+
+
+class WeightSyncError(GuardStop):
     """A rollout engine does not hold the weights it was sent."""
 
 

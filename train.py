@@ -71,7 +71,7 @@ from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, OVERLONGS, NonFiniteError, Step
 from record import Step, step_record_over_ranks
 from rewards import METHODS, label_groups
 from rollout import make_engine, request_seed
-from sharding import all_sum, init_distributed, load_sharded, sync_engine_weights
+from sharding import GuardStop, all_sum, init_distributed, load_sharded, sync_engine_weights
 from teacher import ema_alpha, ema_update, teacher_rollout
 
 
@@ -198,7 +198,7 @@ def lengths_and_cuts(groups):
             torch.tensor([[not s.finished for s in g] for g in groups]))
 
 
-class GroupOrderError(RuntimeError):
+class GroupOrderError(GuardStop):
     """The rollout engine returned groups that do not answer the prompts asked, in their order."""
 
 

@@ -878,3 +878,28 @@ def test_the_classroom_model_trains_on_a_jsonl_of_classroom_pairs_as_on_the_ship
     records = [{k: v for k, v in run.step_records[0].items() if k not in times} for run in runs]
     assert records[0] == records[1]
     assert "unknown token" not in capsys.readouterr().out
+
+
+GUARDS = {
+    "sampler gap": ([], ["--max_sampler_gap", "1e-12"],
+                    "train.py: stopped: step 1: the rollout engine's log-probs differ from the trainer's by "),
+    "weight sync": (["import rollout", "rollout.HFEngine.load_weights = lambda self, tensors: [*tensors] and "
+                     "'model.norm.weight was not taken'"], [],
+                    "train.py: stopped: the weight sync into the rollout engine failed on rank 0: model.norm.weight "
+                    "was not taken. The engine would sample from other weights than the trainer's"),
+}
+
+
+@pytest.mark.parametrize("guard", GUARDS)
+def test_a_guards_stop_is_one_line_as_the_user_sees_it(tmp_path, guard):
+    """A guard that stops the run (the sampler gap past its ceiling, here set below any gap; a weight sync the engine
+    refuses) prints one line naming what happened, the cause and what to do, with no traceback, and exits with
+    config.GUARD_STOP."""
+    patch, flags, line = GUARDS[guard]
+    code = "; ".join(["import sys", f"sys.path.insert(0, {ROOT!r})", *patch, "import config, train",
+                      "sys.exit(config.exit_on_usage_error(train.main, 'train.py'))"])
+    res = subprocess.run([sys.executable, "-c", code, "--method", "gt", *SHORT, "--backend", "hf", "--out",
+                          str(tmp_path / "run"), *flags], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == config.GUARD_STOP, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and res.stderr.count("train.py: stopped: ") == 1, res.stderr[-3000:]
+    assert line in res.stderr, res.stderr[-3000:]
