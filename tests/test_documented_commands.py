@@ -145,3 +145,38 @@ def test_no_two_documented_runs_write_into_one_folder():
         outs.setdefault(out, {})[" ".join(args)] = doc
     shared = {out: runs for out, runs in outs.items() if len(runs) > 1}
     assert not shared, f"documented runs that write into one folder: {shared}; give one of them --out"
+
+
+SBATCH = re.search(r"```bash\n(#!/bin/bash\n#SBATCH.*?)```", open(os.path.join(ROOT, "GPUS.md")).read(), re.S).group(1)
+
+
+def test_the_sbatch_scripts_run_is_one_train_py_accepts():
+    """The seed run of GPUS.md's sbatch script, its words after torchrun's own flags, as train.py checks them on 8
+    ranks; and the folder its requeue looks at is the run's --out."""
+    line = re.search(r"^srun (.*?)$", SBATCH.replace("\\\n", " "), re.M).group(1)
+    words = [w.replace('"$out"', "") for w in words_of(line)]
+    assert words[0] == "torchrun" and "--max-restarts=3" in words
+    script, args = script_of(words)
+    args = [a if a else re.search(r"^out=(\S+)$", SBATCH, re.M).group(1) for a in args]
+    assert script == "train.py"
+    config.check_settings(config.parse_args(args), 8)
+
+
+@pytest.mark.parametrize("status, finished, requeued", [(75, False, True), (1, False, True), (137, False, True),
+                                                        (0, True, False), (2, False, False), (3, False, False)])
+def test_the_sbatch_script_requeues_a_run_that_stopped_before_its_end(tmp_path, status, finished, requeued):
+    """GPUS.md's sbatch script run by bash with a fake srun (which ends with the run's status, and writes final/ for
+    a finished run) and a fake scontrol: a stop with its checkpoint (75), a lost rank (1) or a kill (137) requeue the
+    job; a finished run, a refused one (2) and a guard's stop (3) do not; the script exits with the run's status."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text(f"#!/bin/bash\n{'mkdir -p runs/coreward1-Qwen3-4B-Base/final' if finished else ''}\n"
+                               f"exit {status}\n")
+    (bin_ / "scontrol").write_text('#!/bin/bash\necho "$@" >> scontrol.calls\n')
+    for tool in ("srun", "scontrol"):
+        os.chmod(bin_ / tool, 0o755)
+    res = subprocess.run(["bash", "-c", SBATCH], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"})
+    assert res.returncode == status, res.stderr
+    calls = (tmp_path / "scontrol.calls").read_text() if (tmp_path / "scontrol.calls").exists() else ""
+    assert calls == ("requeue 4242\n" if requeued else "")
