@@ -267,9 +267,11 @@ def clipped_surrogate(ratio, adv, low, high):
 
 
 def token_clip(logp, old_logp, adv, mask, low, high):
-    """PPO's clip on each token's ratio ρ_t = π_θ / π_old (GRPO; DAPO's clip-higher with high > low).
-    verl loss_mode=vanilla, clip_ratio_low/high; TRL importance_sampling_level="token", epsilon/epsilon_high."""
-    return clipped_surrogate(torch.exp(logp - old_logp), adv, low, high)
+    """PPO's clip on each token's ratio ρ_t = π_θ / π_old (GRPO; DAPO's clip-higher with high > low), its log
+    clamped to ±20 before the exp as verl's is (a token π_old gave e^-89 would overflow float32 into an inf loss);
+    no dual clip (RECIPE.md). verl loss_mode=vanilla, clip_ratio_low/high; TRL importance_sampling_level="token",
+    epsilon/epsilon_high."""
+    return clipped_surrogate(torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), adv, low, high)
 
 
 def sequence_clip(logp, old_logp, adv, mask, low, high):

@@ -11,7 +11,7 @@ from 1, so the clips act. Plain SGD and no gradient clipping: the update scales 
 normalisation across ranks shows.
 
 Cases (CASES): each row of LOSS_AGG_TABLE with the clip; seq_mean_token_mean and seq_mean_token_sum_norm with rows 1
-and 6 dropped (weight 0: one row on each rank, so the sequence counts differ by rank); clip-higher (0.2, 0.28); GSPO at
+and 6 dropped (weight 0: one row on each rank, so the sequence counts differ by rank); clip-higher (0.1, 0.3); GSPO at
 its table's ranges and at (0.2, 0.28); CISPO at its table's; an entropy bonus of 0.05.
 
 Rank 0 saves the updated full weights of each case to OUT.pt; test_losses compares N=1 with N=2.
@@ -38,7 +38,7 @@ CASES = {
     "seq_mean_token_sum_norm":         dict(loss_agg="seq_mean_token_sum_norm"),
     "seq_mean_token_mean/dropped":     dict(loss_agg="seq_mean_token_mean"),
     "seq_mean_token_sum_norm/dropped": dict(loss_agg="seq_mean_token_sum_norm"),
-    "clip_higher":                     dict(clip_high=0.28),
+    "clip_higher":                     dict(clip_eps=0.1, clip_high=0.3),
     "gspo":                            dict(policy_loss="gspo", clip_eps=POLICY_LOSS_CLIPS["gspo"][0],
                                             clip_high=POLICY_LOSS_CLIPS["gspo"][1]),
     "gspo/wide":                       dict(policy_loss="gspo", clip_high=0.28),

@@ -4,7 +4,6 @@ and each overlong shaping (OVERLONG_TABLE), by hand on tiny tensors and against 
 TRL's GRPOTrainer write them (restated below in a few lines each, values and gradients); the entropy bonus's gradient
 through the chunked log-probs against plain autograd; and two ranks against one for every aggregation and policy loss
 (tests/losses_ranks_worker.py)."""
-import dataclasses
 import math
 import os
 import subprocess
@@ -56,7 +55,8 @@ def verl_cispo(logp, old, adv, low, high):
 
 
 def trl_cispo(logp, old, adv, epsilon_high):
-    """TRL's cispo per token: the ratio capped at epsilon_high (an absolute cap, not 1 + ε), detached, times -A log π."""
+    """TRL's cispo per token: the ratio capped at epsilon_high (an absolute cap, not 1 + ε), detached, times
+    -A log π."""
     coef_1 = torch.exp(logp - old)
     return -torch.clamp(coef_1, max=epsilon_high).detach() * adv * logp
 
@@ -476,11 +476,11 @@ def test_mask_and_none_overlong_by_hand():
 # 3. The entropy bonus
 
 def test_entropy_bonus_gradient_matches_plain_autograd(dist_world):
-    """On the tiny model (its output layer x 8: mean entropy 3.46 nats, ln 64 = 4.16 at most) at temperature 0.7, ratios away from 1 (some clip), β 0.05, entropy coefficient 0.1,
-    token_mean: the gradient wrt every parameter of grpo_loss through the chunked log-probs with entropy_grad=True
-    equals plain autograd of the loss written on naive_vocab_logprobs with H = -Σ_v p log p (to 1e-5); the entropies
-    and the loss agree too. With entropy_grad=False the loss value is the same but its gradient is that of the loss with
-    H detached, which differs from the first."""
+    """On the tiny model (its output layer x 8: at temperature 0.7 the mean entropy is 3.46 nats, ln 64 = 4.16 at most),
+    ratios away from 1 (some clip), β 0.05, entropy coefficient 0.1, token_mean: the gradient wrt every parameter of
+    grpo_loss through the chunked log-probs with entropy_grad=True equals plain autograd of the loss written on
+    naive_vocab_logprobs with H = -Σ_v p log p (to 1e-5); the entropies and the loss agree too. With entropy_grad=False
+    the loss value is the same but its gradient is that of the loss with H detached, which differs from the first."""
     model, b = _tiny_model(), _batch()
     with torch.no_grad():                  # sharper distributions: a random model's are near uniform, where dH/dz ~ 0
         model.lm_head.weight.mul_(8)
@@ -513,7 +513,7 @@ def test_entropy_bonus_gradient_matches_plain_autograd(dist_world):
         grads[grad] = torch.autograd.grad(loss, params)
         for p, ours, theirs in zip(model.named_parameters(), grads[grad], expected_grads[grad]):
             assert torch.allclose(ours, theirs, atol=1e-5, rtol=1e-5), (grad, p[0])
-    assert max((a - b_).abs().max() for a, b_ in zip(grads[True], grads[False])) > 1e-2   # the bonus's gradient mattered
+    assert max((a - b_).abs().max() for a, b_ in zip(grads[True], grads[False])) > 1e-2   # the bonus's gradient counts
 
 
 # --------------------------------------------------------------------------------------------
@@ -528,9 +528,9 @@ RANK_CASES = ("view_token_mean", "token_mean", "seq_mean_token_mean", "seq_mean_
 def test_two_ranks_match_one_rank_for_every_loss(tmp_path):
     """The global batch of tests/losses_ranks_worker.py (8 rows in two views, the ranks' token counts unequal), one
     step of two mini-batches (the second's ratios away from 1, so the clips act), plain SGD, no clipping: for every
-    aggregation (and two with a dropped row on each rank), clip-higher, GSPO (its ranges, and 0.2 / 0.28), CISPO and
-    an entropy bonus, one rank holding all of it and two ranks holding half each move the weights alike (1e-6), and
-    the step moved them."""
+    aggregation (and two with a dropped row on each rank), clip-higher (0.1, 0.3), GSPO (its ranges, and 0.2 / 0.28),
+    CISPO and an entropy bonus, one rank holding all of it and two ranks holding half each move the weights alike
+    (1e-6), and the step moved them."""
     out = {}
     for n in (1, 2):
         path = tmp_path / f"w{n}.pt"

@@ -348,6 +348,24 @@ def test_spent_restarts_say_so_in_one_line_and_leave_the_folder_to_resume_by_han
     assert logged_steps(out) == [1, 2]
 
 
+@pytest.mark.slow
+def test_two_nodes_restart_a_run_that_lost_a_rank_and_it_ends_as_the_uninterrupted_run(tmp_path, uninterrupted):
+    """Two torchrun agents, one rank each, meeting at a c10d rendezvous on 127.0.0.1 (--nnodes 2, as two nodes do),
+    --max-restarts 1; rank 1 SIGKILLed right after the step-2 checkpoint: both agents restart their worker, the
+    rendezvous forms again, the run continues from step 2 and ends as the uninterrupted 2-rank run."""
+    out, port = str(tmp_path / "two-nodes"), _free_port()
+    env = {"KILL_RANK": "1", "KILL_AT": "saved:2", "OMP_NUM_THREADS": str(max(1, THREADS // 2))}
+    agent = ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+             f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=two-nodes", "--max-restarts=1", *KILLED]
+    nodes = [start(out, 1, "--method", "coreward1", *FLAGS, env=env, program=agent) for _ in range(2)]
+    codes = [node.wait(timeout=900) for node in nodes]
+    log = open(f"{out}.log").read()
+    assert codes == [0, 0] and "rank 1 killed at saved 2" in log, log[-4000:]
+    assert f"restart 1 of 1 of torchrun two-nodes: continued from {out}/checkpoints/step_2" in \
+        open(os.path.join(out, "run.log")).read()
+    assert_same_run(out, uninterrupted("coreward1", 2))
+
+
 # --------------------------------------------------------------------------------------------
 # What --resume refuses, before any compute
 
