@@ -19,10 +19,11 @@ Training pairs (`load_pairs`), shipped in data/train/ or given as a path or a hu
   solution` (the official OpenRS and MATH pairs); any parquet path in this format, or a Hugging
   Face hub dataset id in this format (needs the network);
 - 'dapo', 'amc_ttt': two parquets in verl's format (`prompt` = [system, user] messages,
-  `reward_model` = {'ground_truth': ...}), the originals and the rephrasings, aligned row by row;
-  any two such files as `ORIGINALS.parquet,REPHRASINGS.parquet` (as the official scripts'
-  `train_files` and `train_aug_files`), their alignment checked alike: as many rows, and the
-  same ground truth in each.
+  `reward_model` = {'ground_truth': ...}), the originals and the rephrasings, each row with its
+  `extra_info.index`; any two such files as `ORIGINALS.parquet,REPHRASINGS.parquet` (as the
+  official scripts' `train_files` and `train_aug_files`). Each original is joined to the
+  rephrasing of the same `extra_info.index` when both files carry it on every row, else to the
+  rephrasing on its row; the pairs come in the originals' order, checked as `verl_pairs` says.
 
 Evaluation benchmarks (`load_benchmark`), shipped in data/eval/: math500, gsm8k (the answer
 after `####`), amc, amc23, aime24, aime25, math5000 (the MATH test set, verl's format).
@@ -169,9 +170,10 @@ def load_training(source, views):
     if views == "both" and any(p.rephrased is None for p in pairs):
         raise InputError(f"--data {source} has no rephrased questions, and --views both samples each question's "
                          f"rephrasing too. Pairs come as a parquet, JSON or JSONL file with a rephrasing column (one "
-                         f"of {list(REPHRASING_COLUMNS)}) beside its question and answer columns, or as two row-aligned "
-                         f"parquets in verl's format, --data ORIGINALS.parquet,REPHRASINGS.parquet (tools/rephrase.py "
-                         f"makes a pair file); or use --views original (not for the methods that need the twins)")
+                         f"of {list(REPHRASING_COLUMNS)}) beside its question and answer columns, or as two "
+                         f"parquets in verl's format, --data ORIGINALS.parquet,REPHRASINGS.parquet, joined by "
+                         f"extra_info.index or else by row (tools/rephrase.py makes a pair file); or use --views "
+                         f"original (not for the methods that need the twins)")
     return pairs, test_time
 
 
@@ -274,23 +276,75 @@ def every_row(name, rows, read, shown=5):
 
 
 def verl_pairs(original_path, rephrased_path):
-    """Pairs from two verl parquets, the originals and their rephrasings, joined by row."""
-    original, rephrased = verl_rows(original_path), verl_rows(rephrased_path)
-    if len(original) != len(rephrased):
-        raise InputError(f"misaligned pair files: {original_path} has {len(original)} rows, "
-                         f"{rephrased_path} has {len(rephrased)}")
+    """Pairs from two verl parquets, the originals and their rephrasings, in the originals' order. Each original is
+    joined to the rephrasing that carries its `extra_info.index` when both files carry one on every row (the
+    authors' files do), else to the rephrasing on its row. Checked, each refused in one line naming the file and the
+    first row at fault: a file with the index on some rows only, or one file with it and the other without; by index,
+    an index twice in a file, a rephrasing whose index no original has, and an original without a rephrasing (fewer
+    rows); by row, as many rows in each file; and each pair the same ground truth. The index is trusted: a
+    rephrasing that carries another question's index, of the same answer, cannot be told from its own."""
+    frames = read_parquet(original_path), read_parquet(rephrased_path)
+    original, rephrased = verl_rows(original_path, frames[0]), verl_rows(rephrased_path, frames[1])
+    o_index, r_index = verl_index(frames[0], original_path), verl_index(frames[1], rephrased_path)
+    if (o_index is None) != (r_index is None):
+        has, lacks = (original_path, rephrased_path) if r_index is None else (rephrased_path, original_path)
+        raise InputError(f"misaligned pair files: {has} carries extra_info.index on every row, {lacks} on none (row 0 "
+                         f"has none), so the rephrasings cannot be matched to their originals by it: give each row of "
+                         f"{lacks} the index of its question, or drop the index from {has} to join the files by row")
+    if o_index is None:
+        if len(original) != len(rephrased):
+            longer, row = (original_path, "rephrasing") if len(original) > len(rephrased) else (rephrased_path,
+                                                                                                  "original")
+            raise InputError(f"misaligned pair files: {original_path} has {len(original)} rows, {rephrased_path} has "
+                             f"{len(rephrased)}: row {min(len(original), len(rephrased))} of {longer} has no {row}; "
+                             f"neither file carries extra_info.index, so they are joined by row: give every original "
+                             f"its rephrasing on its own row, or give both files the index")
+        partner = list(range(len(original)))
+    else:
+        partner = rephrasing_rows(original_path, o_index, rephrased_path, r_index)
     pairs = []
-    for i, ((q, a), (r, b)) in enumerate(zip(original, rephrased)):
+    for i, ((q, a), j) in enumerate(zip(original, partner)):
+        r, b = rephrased[j]
         if a != b:
-            raise InputError(f"misaligned pair files: row {i}: ground truth {a!r} in {original_path} "
-                             f"but {b!r} in {rephrased_path}")
+            how = (f"; neither file carries extra_info.index, so they are joined by row: put each rephrasing on its "
+                   f"original's row, or give both files the index" if o_index is None else
+                   f" row {j}, joined to it by extra_info.index {o_index[i]!r}; a rephrasing has its original's "
+                   f"answer: correct that row's index")
+            raise InputError(f"misaligned pair files: row {i}: ground truth {a!r} in {original_path} but {b!r} in "
+                             f"{rephrased_path}{how}")
         pairs.append(Pair(q, r, a))
     return report_unlabeled(pairs, original_path)
 
 
-def verl_rows(path):
-    """[(question, gold answer or None)] of a parquet in verl's format."""
-    frame = read_parquet(path)
+def rephrasing_rows(original_path, o_index, rephrased_path, r_index):
+    """For each original, the row of the rephrasing with its extra_info.index. Refused: an index twice in a file, a
+    rephrasing whose index no original has, an original that no rephrasing has (the rephrasings fewer)."""
+    for path, index in ((original_path, o_index), (rephrased_path, r_index)):
+        first = {}
+        for i, key in enumerate(index):
+            if key in first:
+                raise InputError(f"{path}: row {i}: extra_info.index {key!r} again (first at row {first[key]}); an "
+                                 f"index names one question, once in each file: drop the duplicate row or give it "
+                                 f"its own index")
+            first[key] = i
+    o_row = {key: i for i, key in enumerate(o_index)}
+    for j, key in enumerate(r_index):
+        if key not in o_row:
+            raise InputError(f"{rephrased_path}: row {j}: extra_info.index {key!r} matches no original in "
+                             f"{original_path} (whose first are {o_index[:3]}); a rephrasing carries the index of the "
+                             f"original it rephrases: correct it, or drop the row")
+    r_row = {key: j for j, key in enumerate(r_index)}
+    if len(r_row) < len(o_row):
+        i, key = next((i, key) for i, key in enumerate(o_index) if key not in r_row)
+        raise InputError(f"misaligned pair files: {original_path} has {len(o_index)} rows, {rephrased_path} has "
+                         f"{len(r_index)}: row {i} of {original_path} (extra_info.index {key!r}) has no rephrasing; "
+                         f"give every original its rephrasing, or drop the row")
+    return [r_row[key] for key in o_index]
+
+
+def verl_rows(path, frame=None):
+    """[(question, gold answer or None)] of a parquet in verl's format (`frame`: the file, when already read)."""
+    frame = read_parquet(path) if frame is None else frame
     missing = [c for c in ("prompt", "reward_model") if c not in frame.columns]
     if missing:
         raise InputError(f"{path}: missing column(s) {missing}; a verl file needs 'prompt' and 'reward_model'")
@@ -298,6 +352,33 @@ def verl_rows(path):
         raise InputError(f"{path}: no rows in the file")
     return [(verl_question(p, f"{path}: row {i}"), verl_answer(r, f"{path}: row {i}"))
             for i, (p, r) in enumerate(zip(frame["prompt"].tolist(), frame["reward_model"].tolist()))]
+
+
+def verl_index(frame, path):
+    """Each row's `extra_info.index` (an integer or a string), or None when no row has one. Refused: an index of
+    another type, and a file with the index on some rows only (joined by row, its index would be ignored)."""
+    infos = frame["extra_info"].tolist() if "extra_info" in frame.columns else [None] * len(frame)
+    index = [info.get("index") if isinstance(info, dict) else None for info in infos]
+    index = [None if isinstance(key, float) and math.isnan(key) else key for key in index]
+    carried = sum(key is not None for key in index)
+    if not carried:
+        return None
+    if carried < len(index):
+        row = index.index(None)
+        raise InputError(f"{path}: row {row}: no extra_info.index, though {carried} of its {len(index)} rows carry "
+                         f"one; give every row its index (the files are then joined by it) or none (joined by row)")
+    return [index_key(key, f"{path}: row {i}") for i, key in enumerate(index)]
+
+
+def index_key(key, where):
+    """An extra_info.index as an int (a numpy or whole float one too) or a non-empty string."""
+    if isinstance(key, numbers.Integral) and not isinstance(key, bool):
+        return int(key)
+    if isinstance(key, numbers.Real) and not isinstance(key, bool) and float(key).is_integer():
+        return int(key)
+    if isinstance(key, str) and key.strip():
+        return key
+    raise InputError(f"{where}: extra_info.index must be an integer or a non-empty string, got {key!r:.40}")
 
 
 def report_unlabeled(pairs, name):

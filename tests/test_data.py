@@ -95,9 +95,13 @@ def test_a_hub_id_offline_is_a_clear_error():
     assert "cannot load 'someone/some-pairs' from the Hugging Face hub (offline?)" in res.stderr
 
 
-def _verl_rows(questions, truths):
-    return [{"prompt": [{"role": "system", "content": data.SYSTEM_PROMPT}, {"role": "user", "content": q}],
+def _verl_rows(questions, truths, index=None):
+    """Rows in verl's format; with `index`, each row's extra_info.index (None: a row without one)."""
+    rows = [{"prompt": [{"role": "system", "content": data.SYSTEM_PROMPT}, {"role": "user", "content": q}],
              "reward_model": {"ground_truth": t, "style": "rule"}} for q, t in zip(questions, truths)]
+    for row, key in zip(rows, index if index is not None else []):
+        row["extra_info"] = {"index": key, "split": "train"}
+    return rows
 
 
 def test_verl_pair_files_join_by_row(tmp_path):
@@ -113,8 +117,15 @@ def test_misaligned_verl_files_are_refused(tmp_path):
                                          r"but '3' in .*b.parquet"):
         data.verl_pairs(a, b)
     short = _pair_file(tmp_path, _verl_rows(["r1"], ["1"]), "short.parquet")
-    with pytest.raises(ValueError, match="misaligned pair files: .*a.parquet has 3 rows, .*short.parquet has 1"):
+    with pytest.raises(ValueError) as refused:
         data.verl_pairs(a, short)
+    assert str(refused.value) == (
+        f"misaligned pair files: {a} has 3 rows, {short} has 1: row 1 of {a} has no rephrasing; neither file carries "
+        f"extra_info.index, so they are joined by row: give every original its rephrasing on its own row, or give both "
+        f"files the index")
+    with pytest.raises(ValueError, match=r"short.parquet has 1 rows, .*a.parquet has 3: row 1 of .*a.parquet has no "
+                                         r"original"):
+        data.verl_pairs(short, a)
 
 
 def test_a_verl_row_without_ground_truth_or_user_message_is_named(tmp_path):
@@ -129,6 +140,159 @@ def test_a_verl_row_without_ground_truth_or_user_message_is_named(tmp_path):
     b = _pair_file(tmp_path, rows, "b.parquet")
     with pytest.raises(ValueError, match="b.parquet: row 0: `prompt` has no user message"):
         data.verl_pairs(b, b)
+
+
+# --------------------------------------------------- two verl files, joined by extra_info.index
+
+def _refused(load, *args):
+    """The message of the InputError that load(*args) raises, as the user reads it: one line."""
+    with pytest.raises(data.InputError) as refused:
+        load(*args)
+    message = str(refused.value)
+    assert "\n" not in message
+    return message
+
+
+def _amc_ttt_frames():
+    return [pd.read_parquet(os.path.join(data.DATA_DIR, f)) for f in data.SHIPPED_VERL_PAIRS["amc_ttt"]]
+
+
+def _moved_among_equal_answers(frame):
+    """`frame` with its rows moved among the rows of the same ground truth (each such group rotated by one row), each
+    row whole: its extra_info.index goes with it."""
+    groups = {}
+    for i, reward in enumerate(frame["reward_model"]):
+        groups.setdefault(reward["ground_truth"], []).append(i)
+    order = list(range(len(frame)))
+    for rows in groups.values():
+        for i, j in zip(rows, rows[1:] + rows[:1]):
+            order[i] = j
+    return frame.iloc[order].reset_index(drop=True)
+
+
+def _by_row(original_path, rephrased_path):
+    """The pairs two verl files give when joined by row."""
+    return [data.Pair(q, r, a) for (q, a), (r, _) in zip(data.verl_rows(original_path), data.verl_rows(rephrased_path))]
+
+
+@pytest.mark.parametrize("name, fingerprint", [
+    ("dapo", "fce81a2c533cae5cbe8a7da1de2f1fca482b0399de4ce70589114430944c25e2"),
+    ("amc_ttt", "9b2d7c570f366649cdde11c4a345141483176748019ce06554f92adb1abda829")], ids=["dapo", "amc_ttt"])
+def test_the_shipped_verl_pairs_carry_the_index_and_load_as_joined_by_row(name, fingerprint):
+    """The authors' layout: every row of both files carries extra_info.index, each once, the same in the same row
+    (dapo's run from 0 to 14115 with gaps: an identifier, not a row number). Joined by it, the pairs are those a join
+    by row gave, and so are the questions' fingerprint a checkpoint holds (the value before the join by index)."""
+    import checkpoint
+    original, rephrased = (os.path.join(data.DATA_DIR, f) for f in data.SHIPPED_VERL_PAIRS[name])
+    frames = data.read_parquet(original), data.read_parquet(rephrased)
+    index = data.verl_index(frames[0], original)
+    assert index is not None and len(set(index)) == len(index) and data.verl_index(frames[1], rephrased) == index
+    pairs = data.load_pairs(name)
+    assert pairs == [data.Pair(q, r, a) for (q, a), (r, _) in zip(data.verl_rows(original, frames[0]),
+                                                                  data.verl_rows(rephrased, frames[1]))]
+    assert checkpoint.questions_fingerprint(pairs) == {"questions": len(pairs), "sha256": fingerprint}
+
+
+def test_rephrasings_moved_among_equal_answers_are_joined_by_their_index(tmp_path):
+    """The researcher's shuffle, on the shipped amc_ttt pair: the rephrasings moved among the rows of the same answer,
+    each with its extra_info.index. Joined by row, 54 of the 83 questions would get another question's rephrasing and
+    pass every check (as many rows, the same ground truth in each); joined by index, each gets its own again, in the
+    originals' order. So does any order of the rephrasings."""
+    original, rephrased = _amc_ttt_frames()
+    a = _pair_file(tmp_path, original, "amc_original.parquet")
+    moved = _pair_file(tmp_path, _moved_among_equal_answers(rephrased), "amc_moved.parquet")
+    shipped = data.load_pairs("amc_ttt")
+    assert sum(p != q for p, q in zip(_by_row(a, moved), shipped)) == 54
+    pairs, _ = data.load_training(f"{a},{moved}", "both")
+    assert pairs == shipped
+    anyhow = _pair_file(tmp_path, rephrased.sample(frac=1, random_state=0), "amc_anyhow.parquet")
+    assert data.verl_pairs(a, anyhow) == shipped
+
+
+def test_a_shuffle_that_rewrites_the_index_too_is_joined_as_the_files_say(tmp_path):
+    """The same shuffle, each moved rephrasing given the index of the row it lands on: the files now say that those
+    questions' rephrasings are other questions' of the same answer, and nothing the loader checks says otherwise (it
+    does not judge whether a text rephrases another); it trusts the index and joins the files as they say. What it
+    guarantees: each pair is joined by the index both files carry, and a rewritten index that joins questions of
+    different answers is refused, naming the row."""
+    original, rephrased = _amc_ttt_frames()
+    rewritten = _moved_among_equal_answers(rephrased).assign(extra_info=rephrased["extra_info"])
+    a = _pair_file(tmp_path, original, "amc_original.parquet")
+    b = _pair_file(tmp_path, rewritten, "amc_rewritten.parquet")
+    pairs = data.verl_pairs(a, b)
+    assert pairs == _by_row(a, b) and sum(p != q for p, q in zip(pairs, data.load_pairs("amc_ttt"))) == 54
+    a = _pair_file(tmp_path, _verl_rows(["q1", "q2", "q3"], ["1", "2", "3"], [7, 8, 9]), "a.parquet")
+    b = _pair_file(tmp_path, _verl_rows(["r1", "r3", "r2"], ["1", "3", "2"], [7, 8, 9]), "b.parquet")
+    assert _refused(data.verl_pairs, a, b) == (
+        f"misaligned pair files: row 1: ground truth '2' in {a} but '3' in {b} row 1, joined to it by extra_info.index "
+        f"8; a rephrasing has its original's answer: correct that row's index")
+
+
+def test_verl_files_with_the_index_are_joined_by_it_in_the_originals_order(tmp_path):
+    """Integer or string indices, of any values; the pairs in the originals' order, whatever the rephrasings'."""
+    a = _pair_file(tmp_path, _verl_rows(["q1", "q2", "q3"], ["1", "2", "3"], [12, 10, 11]), "a.parquet")
+    b = _pair_file(tmp_path, _verl_rows(["r2", "r3", "r1"], ["2", "3", "1"], [10, 11, 12]), "b.parquet")
+    expected = [data.Pair("q1", "r1", "1"), data.Pair("q2", "r2", "2"), data.Pair("q3", "r3", "3")]
+    assert data.verl_pairs(a, b) == expected
+    a = _pair_file(tmp_path, _verl_rows(["q1", "q2", "q3"], ["1", "2", "3"], ["x", "y", "z"]), "a.parquet")
+    b = _pair_file(tmp_path, _verl_rows(["r3", "r1", "r2"], ["3", "1", "2"], ["z", "x", "y"]), "b.parquet")
+    assert data.verl_pairs(a, b) == expected
+
+
+def test_verl_files_without_the_index_are_joined_by_row(tmp_path):
+    """No extra_info, or an extra_info without `index`, in both files: joined by row, as before."""
+    a = _pair_file(tmp_path, _verl_rows(["q1", "q2"], ["1", "2"]), "a.parquet")
+    rows = _verl_rows(["r1", "r2"], ["1", "2"])
+    for row in rows:
+        row["extra_info"] = {"split": "train"}
+    b = _pair_file(tmp_path, rows, "b.parquet")
+    assert data.verl_pairs(a, b) == [data.Pair("q1", "r1", "1"), data.Pair("q2", "r2", "2")]
+    original, rephrased = (frame.drop(columns="extra_info") for frame in _amc_ttt_frames())
+    a = _pair_file(tmp_path, original, "amc_original.parquet")
+    b = _pair_file(tmp_path, rephrased, "amc_rephrased.parquet")
+    assert data.verl_pairs(a, b) == data.load_pairs("amc_ttt")
+
+
+def test_verl_files_that_cannot_be_joined_by_their_index_are_refused_in_one_line(tmp_path):
+    """Each refusal names the file, the first row at fault, what is wrong and what to do."""
+    def verl(name, truths, index, questions=None):
+        return _pair_file(tmp_path, _verl_rows(questions or [f"{name}{t}" for t in truths], truths, index),
+                          f"{name}.parquet")
+    a = verl("a", ["1", "2", "3"], [10, 11, 12])
+    b = stray = verl("stray", ["1", "2", "3"], [10, 11, 13])
+    assert _refused(data.verl_pairs, a, b) == (
+        f"{b}: row 2: extra_info.index 13 matches no original in {a} (whose first are [10, 11, 12]); a rephrasing "
+        f"carries the index of the original it rephrases: correct it, or drop the row")
+    b = verl("text", ["1", "2", "3"], ["10", "11", "12"])                    # the same numbers, written as text
+    assert _refused(data.verl_pairs, a, b).startswith(f"{b}: row 0: extra_info.index '10' matches no original in {a} "
+                                                      f"(whose first are [10, 11, 12])")
+    b = verl("twice", ["1", "2", "1"], [10, 11, 10])
+    expected = "row 2: extra_info.index 10 again (first at row 0); an index names one question, once in each file: " \
+               "drop the duplicate row or give it its own index"
+    assert _refused(data.verl_pairs, a, b) == f"{b}: {expected}"
+    assert _refused(data.verl_pairs, b, a) == f"{b}: {expected}"
+    b = verl("short", ["3", "1"], [12, 10])
+    assert _refused(data.verl_pairs, a, b) == (
+        f"misaligned pair files: {a} has 3 rows, {b} has 2: row 1 of {a} (extra_info.index 11) has no rephrasing; "
+        f"give every original its rephrasing, or drop the row")
+    b = verl("bare", ["1", "2", "3"], None)
+    assert _refused(data.verl_pairs, a, b) == (
+        f"misaligned pair files: {a} carries extra_info.index on every row, {b} on none (row 0 has none), so the "
+        f"rephrasings cannot be matched to their originals by it: give each row of {b} the index of its question, or "
+        f"drop the index from {a} to join the files by row")
+    assert _refused(data.verl_pairs, b, a).startswith(f"misaligned pair files: {a} carries extra_info.index on every "
+                                                      f"row, {b} on none (row 0 has none)")
+    b = verl("some", ["1", "2", "3"], [10, None, 12])
+    assert _refused(data.verl_pairs, a, b) == (
+        f"{b}: row 1: no extra_info.index, though 2 of its 3 rows carry one; give every row its index (the files are "
+        f"then joined by it) or none (joined by row)")
+    b = verl("halves", ["1", "2", "3"], [10.0, 11.5, 12.0])
+    assert _refused(data.verl_pairs, a, b) == \
+        f"{b}: row 1: extra_info.index must be an integer or a non-empty string, got 11.5"
+    b = verl("floats", ["1", "2", "3"], [10.0, 11.0, 12.0])                # whole floats are the integers
+    assert [p.answer for p in data.verl_pairs(a, b)] == ["1", "2", "3"]
+    assert _refused(data.load_training, f"{a},{stray}", "both").startswith(   # --data ORIGINALS,REPHRASINGS
+        f"{stray}: row 2: extra_info.index 13 matches no original")
 
 
 @pytest.mark.parametrize("name, count", [("math500", 500), ("gsm8k", 1319), ("amc", 83), ("amc23", 40),
