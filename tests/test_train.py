@@ -439,9 +439,9 @@ def test_a_non_finite_loss_stops_the_run_before_the_weights_move(tmp_path, monke
     policy keeps its step-1 weights, and no model is saved."""
     real, calls = train.group_advantages, []
 
-    def nan_at_step_2(rewards):
+    def nan_at_step_2(rewards, **kwargs):
         calls.append(rewards)
-        advantages = real(rewards)
+        advantages = real(rewards, **kwargs)
         if len(calls) == 2:
             advantages[0, 0] = float("nan")
         return advantages
