@@ -607,8 +607,8 @@ def _watch_the_teacher(monkeypatch):
         rollouts.append(prompt_ids)
         return real_rollout(engine, teacher, prompt_ids, seeds, *args)
 
-    def label_groups(method, answers, gold, teacher_answers=None):
-        labels, voters = real_labels(method, answers, gold, teacher_answers)
+    def label_groups(method, answers, gold, teacher_answers=None, **kwargs):
+        labels, voters = real_labels(method, answers, gold, teacher_answers, **kwargs)
         labelled.append((teacher_answers, labels))
         return labels, voters
     monkeypatch.setattr(train, "teacher_rollout", teacher_rollout)
