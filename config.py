@@ -291,12 +291,12 @@ FLAGS = [
                                            "free memory, or a fixed budget on a CPU: rollout.HFEngine.kv_budget)"),
     ("gpu_memory_utilization", dict(type=float), "the share of each GPU vLLM's engine takes for its weights and KV "
                                                  "cache while it samples; it sleeps while the trainer trains "
-                                                 "(bench/README.md, the memory account)"),
+                                                 "(bench/memory.md, the memory account)"),
     ("activation_checkpointing", dict(action=argparse.BooleanOptionalAction),
      "recompute each decoder layer in the backward instead of keeping its activations"),
     ("compile_layers", dict(action=argparse.BooleanOptionalAction),
      "torch.compile each decoder layer of the trained and the reference model: faster updates after a compilation "
-     "at the first (bench/README.md, where it pays)"),
+     "at the first (bench/speed.md, where it pays)"),
     ("max_tokens_per_micro_batch", dict(type=int),
      "group each forward/backward pass by padded tokens instead of --micro_batch_size rows: rows of similar length "
      "together, each pass padded to its own longest row (0: by count)"),

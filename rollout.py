@@ -146,7 +146,7 @@ def check_prompt_lengths(prompt_ids, max_prompt_len):
 
 # vLLM's batch limits on a GPU: one rank's largest request at once (a two-view step's 2 x 16 x 8 sequences
 # at 8 ranks), and prefill chunks small enough that profiling them leaves the KV cache its memory
-# (bench/README.md, the memory account). On a CPU vLLM's own defaults are kept.
+# (bench/memory.md, the memory account). On a CPU vLLM's own defaults are kept.
 GPU_MAX_NUM_SEQS = 256
 GPU_MAX_NUM_BATCHED_TOKENS = 8192
 

@@ -57,7 +57,7 @@ def shard(model, param_dtype=None, activation_checkpointing=False, compile_layer
     recomputes the layer's insides there: activation memory falls from every intermediate of
     every layer to one hidden state per layer, for about one more forward pass of compute.
     `compile_layers` compiles each decoder layer (torch.compile) on its first call: its elementwise
-    operations fuse, at the price of a compilation at the start (bench/README.md says where it pays)."""
+    operations fuse, at the price of a compilation at the start (bench/speed.md says where it pays)."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in model.model.layers:
         if compile_layers:

@@ -119,7 +119,7 @@ from rollout import Sample, checksum, make_engine, request_seed  # noqa: E402
 H200_BF16_DENSE = 989e12              # FLOP/s: the H200's dense bf16 tensor-core peak (1,979e12 is with sparsity)
 H200_BF16_MEASURED = 790e12           # FLOP/s: bf16 matrix products as measured on the H200 these runs use
 OFFICIAL = config.PRESETS["official"]
-OFFICIAL_RANKS = 8                    # the official run's GPUs (bench/README.md's account: 8 x 80 GB)
+OFFICIAL_RANKS = 8                    # the official run's GPUs (bench/memory.md's account: 8 x 80 GB)
 VIEWS = 2                             # Co-rewarding-I: each question and its rephrasing
 STEP_ESTIMATE_S = {"qwen3-4b": 90.0, "tiny": 5.0}       # the first step's seconds, before one has run
 ESTIMATE_S = {"qwen3-4b": {"sample": 45.0, "checkpoint": 60.0}, "tiny": {"sample": 5.0, "checkpoint": 5.0}}

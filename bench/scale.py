@@ -1,7 +1,7 @@
 """Memory and time of a training step at the real vocabulary, each saving on its own and together,
 and the per-GPU memory account of the official preset.
 
-    python bench/scale.py                       # the tables of bench/README.md
+    python bench/scale.py                       # the tables of bench/memory.md
     python bench/scale.py --account-only        # the memory and disk account of Qwen3-4B-Base on 8 x 80 GB
 
 The model is Qwen3-shaped and randomly initialised: vocabulary 151,936 (the classroom tokenizer

@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The cores shared out among xdist's workers: each worker, and every process it starts, computes on its share
 # (OMP_NUM_THREADS, set before torch is imported; torch, train.py and vLLM's CPU worker read it). Two workers of
 # two OpenMP threads each on 2 cores wait on each other's spinning threads: twice the time for the same work
-# (bench/README.md, "The test suite on 2 cores").
+# (bench/suite.md).
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 THREADS = max(1, len(os.sched_getaffinity(0)) // WORKERS)
 if WORKERS > 1:

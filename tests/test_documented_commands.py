@@ -1,5 +1,5 @@
-"""Every command the documents give, read out of them: README.md, RECIPE.md, GPUS.md, DATA.md, RESUME.md, METRICS.md, EXERCISES.md, WALKTHROUGH.md and the
-READMEs of classroom/ and of every folder of study/, in their bash blocks and their inline code. Each script a
+"""Every command the documents give, read out of them: README.md, RECIPE.md, GPUS.md, DATA.md, RESUME.md, METRICS.md, EXERCISES.md, WALKTHROUGH.md, bench/'s
+files and the READMEs of classroom/ and of every folder of study/, in their bash blocks and their inline code. Each script a
 command names runs from the repository root, in a subprocess, with --help (the whole command is long: a run, a
 study), so that a script that cannot start (a lost import, a moved file) fails here; a train.py or eval.py command's
 flags are parsed and checked as the script would before it runs anything, so that a flag the script does not know, or
@@ -19,6 +19,7 @@ import config
 from conftest import ROOT
 
 DOCUMENTS = ["README.md", "RECIPE.md", "GPUS.md", "DATA.md", "RESUME.md", "METRICS.md", "EXERCISES.md", "WALKTHROUGH.md", "classroom/README.md"] + \
+    sorted(os.path.relpath(path, ROOT) for path in glob.glob(os.path.join(ROOT, "bench", "*.md"))) + \
     sorted(os.path.relpath(path, ROOT)
            for path in glob.glob(os.path.join(ROOT, "study", "**", "README.md"), recursive=True))
 LAUNCHERS = ("python", "python3", "torchrun")

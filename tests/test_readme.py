@@ -1,5 +1,5 @@
 """The README's list of methods is rewards.METHOD_TABLE, row for row. Its shown output is what the default run
-prints (the transformers engine's, in bench/README.md): `python train.py --method coreward1` on 60 steps, its run.log (the console without the progress bar) compared
+prints (the transformers engine's, in bench/default_run.md): `python train.py --method coreward1` on 60 steps, its run.log (the console without the progress bar) compared
 line by line with the README's block, the seconds of each save masked and the run's folder named as the README names
 it; and, where vLLM is not installed, its evaluation lines on transformers' generate compared with the README's
 second block. About 3-4 minutes on 2 cores, each.
@@ -51,12 +51,12 @@ def test_recipe_shows_the_presets_table_of_the_code():
 
 def readme_blocks():
     """The lines of the blocks of the default run's output: vLLM's (README.md, "What the default run prints"), then
-    transformers' (bench/README.md, "The default run on either engine")."""
+    transformers' (bench/default_run.md, "The default run on either engine")."""
     def first_block(path, heading):
         section = open(os.path.join(ROOT, path)).read().split(heading, 1)[1].split("\n## ", 1)[0]
         return section.split("```text\n")[1].split("```", 1)[0].splitlines()
     return [first_block("README.md", "## What the default run prints"),
-            first_block(os.path.join("bench", "README.md"), "## The default run on either engine")]
+            first_block(os.path.join("bench", "default_run.md"), "## The default run on either engine")]
 
 
 # How far an evaluation after step 0 may move on another processor: avg@8 is over 1,600 samples, greedy and maj@8
