@@ -30,7 +30,7 @@ QUICK_FILES = ("test_grpo.py", "test_rewards.py", "test_teacher.py", "test_logpr
 # The tests of documents (marked docs): each keeps a document true, to the code's tables or to what a command prints.
 # They run in the full suite and CI; a change to the code (a new method row) passes the quick tier before the documents
 # follow, and `pytest -m docs` then says which document and which line.
-DOC_FILES = ("test_readme.py", "test_documented_commands.py", "test_study_results.py")
+DOC_FILES = ("test_readme.py", "test_documented_commands.py", "test_study_results.py", "test_figures.py", "test_links.py")
 
 
 def pytest_collection_modifyitems(config, items):

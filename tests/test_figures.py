@@ -12,7 +12,6 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.docs
 
 UNITS = {"GB": 1e9, "GiB": 2 ** 30, "MB": 1e6, "MiB": 2 ** 20, "s": 1.0, "minutes": 60.0, "min": 60.0}
 NUMBER = r"(?P<v>\d+(?:\.\d+)?)"

@@ -3,12 +3,10 @@
 import os
 import re
 
-import pytest
 
 from conftest import ROOT
 from test_figures import documents
 
-pytestmark = pytest.mark.docs
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
