@@ -3,7 +3,6 @@
 import os
 import re
 
-
 from conftest import ROOT
 from test_figures import documents
 
