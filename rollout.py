@@ -30,8 +30,10 @@ same streams, so that evaluations differ by the model alone, and eval.py reprodu
   comparable to the trainer's log-probs of logits / temperature. Weights are synced with vLLM's
   `reload_weights`, which takes an iterator of (Hugging Face name, tensor), and each load is
   checked: every tensor of the start checkpoint sent in its shape, and a few parameters read back
-  from the engine equal, bit for bit, to what was sent. On a GPU the engine sleeps while the
-  trainer trains (`sleep`): its weights and KV cache give their memory to the training phase.
+  from the engine equal, bit for bit, to what was sent; the weights its kernels repack (vLLM's
+  CPU linear layers) are read back through those kernels (`kernel_columns`). On a GPU the engine
+  sleeps while the trainer trains (`sleep`): its weights and KV cache give their memory to the
+  training phase.
   It samples token ids without detokenizing them; `response_texts` decodes the responses in
   one call afterwards, to the texts vLLM's detokenizer gives.
 - `HFEngine`: a token at a time through transformers' model, on its own copy of the model, for
@@ -212,9 +214,12 @@ def composed_shape(engine_name, expected):
 class Readback:
     """What VLLMEngine.load_weights can read back on this device: `checkable`, the engine's parameters held
     as the checkpoint's tensors make them (checkpoint_sources) in the engine's dtype, in the order the loads
-    take them, CHECKED_PER_LOAD a load; `unreadable`, {name: how the engine holds it instead}, never
-    compared; the bytes of each as the checkpoint makes them, readable and in all."""
+    take them, CHECKED_PER_LOAD a load; `through_kernel`, {name: its input size} of the weights the engine's
+    kernels repack, read back through those kernels (`kernel_columns`), some of their columns every load;
+    `unreadable`, {name: how the engine holds it instead}, never compared; the bytes of the checkable ones as
+    the checkpoint makes them, and of all."""
     checkable: list
+    through_kernel: dict
     unreadable: dict
     parameters: int
     readable_bytes: int
@@ -223,33 +228,45 @@ class Readback:
     @property
     def loads_to_check_all(self):
         """N: within the first N loads, and within any N loads in a row, every checkable parameter is read
-        back once."""
-        return -(-len(self.checkable) // CHECKED_PER_LOAD)
+        back once, and every column of each weight read through its kernel."""
+        return max(1, -(-len(self.checkable) // CHECKED_PER_LOAD))
+
+    def columns(self, load):
+        """{name: (its input size, the input columns load number `load` reads back through its kernel)}."""
+        n = self.loads_to_check_all
+        return {name: (inputs, kernel_columns(inputs, load, n)) for name, inputs in self.through_kernel.items()}
 
     def report(self):
         """One line: how many of the engine's parameters, and what share of the model's bytes, are read back
-        here, and which are not (layer numbers replaced by *, with their count and how the engine holds them)."""
+        here as they are, how many through their kernel, and which are not read back (layer numbers replaced by
+        *, with their count and how the engine holds them)."""
         import re
         groups = {}
         for name, how in sorted(self.unreadable.items()):
             groups.setdefault(re.sub(r"\.\d+\.", ".*.", name), []).append(how)
-        share = self.readable_bytes / max(1, self.total_bytes)
+        share, n = self.readable_bytes / max(1, self.total_bytes), self.loads_to_check_all
         line = (f"weight check: {len(self.checkable)} of the engine's {self.parameters} parameters "
                 f"({100 * share:.1f}% of the model's bytes) are read back, {CHECKED_PER_LOAD} a load, each within "
-                f"{self.loads_to_check_all} loads")
+                f"{n} loads")
+        if self.through_kernel:
+            line += (f"; {len(self.through_kernel)} repacked for this device's kernels are read back through those "
+                     f"kernels, 1/{n} of their input columns a load, each whole within {n} loads")
         if groups:
             line += (f"; {len(self.unreadable)} cannot be read back on this device and are not checked: "
                      + ", ".join(f"{pattern} x{len(hows)} ({hows[0]})" for pattern, hows in groups.items()))
         return line
 
 
-def readback_plan(expected, layouts, dtype):
+def readback_plan(expected, layouts, dtype, kernel_verdicts):
     """The Readback of an engine whose parameters are `layouts` ({name: (shape, dtype name)}, as
     _parameter_layouts reads them), for the checkpoint's {name: shape} `expected`, in `dtype` (the torch dtype
     the engine was asked for). A parameter is checkable when the engine holds it in the shape its checkpoint
-    tensors make (composed_shape) and in `dtype`; otherwise (vLLM's CPU kernels, for one, repack linear
-    weights and leave an empty tensor in the parameter's place) it is unreadable, with how it is held."""
-    checkable, unreadable, readable_bytes, total_bytes = [], {}, 0, 0
+    tensors make (composed_shape) and in `dtype`. Otherwise (vLLM's CPU kernels, for one, repack linear
+    weights and leave an empty tensor in the parameter's place) it is read through its kernel when
+    `kernel_verdicts` ({name: None, or why its kernel does not give its columns back}: VLLMEngine.kernel_verdicts)
+    says its kernel gives back its columns, and unreadable, with how it is held (and why not through its kernel),
+    when not."""
+    checkable, through_kernel, unreadable, readable_bytes, total_bytes = [], {}, {}, 0, 0
     for name, (shape, dtype_name) in sorted(layouts.items()):
         shape, composed = tuple(shape), composed_shape(name, expected)
         nbytes = (torch.Size(composed).numel() * dtype.itemsize if composed is not None else
@@ -258,13 +275,87 @@ def readback_plan(expected, layouts, dtype):
         if composed is None:
             sources, _ = checkpoint_sources(name)
             unreadable[name] = f"not made of the checkpoint's tensors: {[s for s in sources if s not in expected]}"
-        elif shape != composed or dtype_name != str(dtype):
-            unreadable[name] = f"held as {shape} {dtype_name.removeprefix('torch.')}, the checkpoint's " \
-                               f"{composed} {str(dtype).removeprefix('torch.')}"
-        else:
+        elif shape == composed and dtype_name == str(dtype):
             checkable.append(name)
             readable_bytes += nbytes
-    return Readback(checkable, unreadable, len(layouts), readable_bytes, total_bytes)
+        elif name in kernel_verdicts and kernel_verdicts[name] is None:
+            through_kernel[name] = composed[1]
+        else:
+            unreadable[name] = f"held as {shape} {dtype_name.removeprefix('torch.')}, the checkpoint's " \
+                               f"{composed} {str(dtype).removeprefix('torch.')}" + \
+                               (f", and {kernel_verdicts[name]}" if name in kernel_verdicts else "")
+    return Readback(checkable, through_kernel, unreadable, len(layouts), readable_bytes, total_bytes)
+
+
+def kernel_candidates(readback, expected):
+    """The unreadable parameters that a layer's kernel might give back: 2-D weights (output x input) made of
+    the checkpoint's tensors, {name: their input size}."""
+    shapes = {name: composed_shape(name, expected) for name in readback.unreadable if name.endswith(".weight")}
+    return {name: shape[1] for name, shape in shapes.items() if shape is not None and len(shape) == 2}
+
+
+def kernel_columns(inputs, load, loads):
+    """The input columns (of `inputs`) that load number `load` reads back through a kernel: the load's turn of
+    `loads` blocks of ceil(inputs / loads) columns, the last wrapping round to column 0, so that any `loads`
+    loads in a row read every column."""
+    width = -(-inputs // loads)
+    return [(load % loads * width + k) % inputs for k in range(width)]
+
+
+def same_bits(engine, sent):
+    """Whether the columns read through a kernel equal, bit for bit, the columns sent (`sent`: None when nothing
+    was sent for them), once both are `comparable`."""
+    if engine is None or sent is None or engine.shape != sent.shape or engine.dtype != sent.dtype:
+        return False
+    integer = INTEGER_OF_WIDTH[sent.element_size()]
+    return torch.equal(comparable(engine).view(integer), comparable(sent).view(integer))
+
+
+def comparable(columns):
+    """The columns with -0.0 and subnormal values made 0.0, on both sides of the comparison. Read through a
+    kernel, the weight w at (i, j) comes back as the dot product of row i with the unit vector e_j: w plus the
+    row's other weights times 0, each +0.0 or -0.0, so that a -0.0 weight may come back as 0.0; and a kernel may
+    flush subnormals to 0.0. Any other finite weight comes back exactly, one non-zero term per sum (measured in
+    float32 and bfloat16 on vLLM 0.32's oneDNN kernels); a non-finite one makes its whole row NaN."""
+    return torch.where(columns.abs() < torch.finfo(columns.dtype).tiny, torch.zeros_like(columns), columns)
+
+
+class Sent:
+    """What a load sends, taken as it streams through (`watch`): each tensor's shape; the `checksum` of each
+    parameter in `summed`, and the columns of each in `columns` ({name: (input size, column indices)}), of what
+    the checkpoint's tensors make it (checkpoint_sources) in `dtype`. Of the tensors, only the parts of a fused
+    parameter are kept, until its last part came, and the columns."""
+    def __init__(self, summed, columns, dtype):
+        self.summed, self.wanted, self.dtype = set(summed), columns, dtype
+        self.shapes, self.sums, self.columns, self.held = {}, {}, {}, {}
+        self.parts = {}                       # checkpoint name -> [(parameter, place among its sources)]
+        for name in [*summed, *columns]:
+            for place, source in enumerate(checkpoint_sources(name)[0]):
+                self.parts.setdefault(source, []).append((name, place))
+
+    def watch(self, named_tensors):
+        for name, tensor in named_tensors:
+            self.shapes[name] = tuple(tensor.shape)
+            for param, place in self.parts.get(name, ()):
+                self.take(param, place, tensor)
+            yield name, tensor
+
+    def take(self, param, place, tensor):
+        """Keep what `param` needs of its source number `place`; once every source came, its checksum or its
+        columns, the parts concatenated along dim 0."""
+        sources = len(checkpoint_sources(param)[0])
+        tensor = tensor.detach()
+        part = tensor.to(self.dtype, copy=sources > 1) if param in self.summed else \
+            tensor[:, self.wanted[param][1]].to(self.dtype)
+        held = self.held.setdefault(param, {})
+        held[place] = part
+        if len(held) == sources:
+            whole = torch.cat([held[k] for k in range(sources)]) if sources > 1 else part
+            del self.held[param]
+            if param in self.summed:
+                self.sums[param] = checksum(whole)
+            else:
+                self.columns[param] = whole
 
 
 class VLLMEngine:
@@ -285,7 +376,9 @@ class VLLMEngine:
         self.asleep = False
         self.expected = checkpoint_shapes(model_dir)     # what every load must send: the start checkpoint's tensors
         # what each load reads back (load_weights): self.readback.report() says how much, and what not
-        self.readback = readback_plan(self.expected, self.llm.collective_rpc(_parameter_layouts)[0], self.dtype)
+        layouts = self.llm.collective_rpc(_parameter_layouts)[0]
+        verdicts = self.kernel_verdicts(model_dir, readback_plan(self.expected, layouts, self.dtype, {}))
+        self.readback = readback_plan(self.expected, layouts, self.dtype, verdicts)
         self.checkable = self.readback.checkable
         self.loads = 0
         self.tokenizer = self.llm.get_tokenizer()
@@ -294,6 +387,21 @@ class VLLMEngine:
     def weight_check_report(self):
         """One line: what each weight load reads back on this device (Readback.report)."""
         return self.readback.report()
+
+    def kernel_verdicts(self, model_dir, readback):
+        """The check at the engine's start of the weights its kernels repack (`kernel_candidates` of the first
+        `readback`, which reads none through a kernel): the columns the first load will read of each, read
+        through its layer's kernel, must equal the start checkpoint's. {name: None where they do, or why not};
+        a parameter whose layer has no kernel to apply is left out (unreadable, as it is held)."""
+        columns = {name: (inputs, kernel_columns(inputs, 0, readback.loads_to_check_all))
+                   for name, inputs in kernel_candidates(readback, self.expected).items()}
+        if not columns:
+            return {}
+        engine = self.llm.collective_rpc(_kernel_columns, kwargs={"columns": columns, "dtype": self.dtype})[0]
+        saved = checkpoint_columns(model_dir, columns, self.dtype)
+        return {name: None if same_bits(engine[name], saved[name]) else
+                "its kernel does not give back the start checkpoint's columns" for name in columns
+                if engine[name] is not None}
 
     def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
         from vllm import SamplingParams
@@ -322,48 +430,35 @@ class VLLMEngine:
         so a generator that gathers each tensor when asked streams the model through). A sleeping engine
         wakes for it: its weights' memory first, the KV cache after the load, as TRL does.
 
-        Then checked: every tensor of the start checkpoint came, in its shape, and CHECKED_PER_LOAD of the
+        Then checked: every tensor of the start checkpoint came, in its shape; CHECKED_PER_LOAD of the
         engine's checkable parameters (Readback), the next few in turn, so that every one is read back
         within Readback.loads_to_check_all loads, equal bit for bit (`checksum`) what they are made of
         (checkpoint_sources): a fused qkv_proj the q, k and v tensors sent, concatenated; a plain parameter
-        the tensor sent under its name. Only the chosen parameters' tensors are kept, a fused one's until
-        its last part came. Returns None, or what is wrong, in words: the caller stops every rank on it."""
+        the tensor sent under its name; and every weight read through its kernel, the load's turn of its
+        input columns (Readback.columns), equal bit for bit (`same_bits`) those columns of what it is made of.
+        Only what is compared is kept of the tensors sent (`Sent`). Returns None, or what is wrong, in words:
+        the caller stops every rank on it."""
         was_asleep, self.asleep = self.asleep, False
         if was_asleep:
             torch.cuda.empty_cache()          # the trainer's cached free blocks back to the device, for vLLM
             self.llm.wake_up(tags=["weights"])
         start = self.loads * CHECKED_PER_LOAD
-        checked = {self.checkable[(start + k) % len(self.checkable)]
-                   for k in range(min(CHECKED_PER_LOAD, len(self.checkable)))}
-        parts = {}                            # checkpoint name -> [(checked parameter, place among its sources)]
-        for name in checked:
-            for place, source in enumerate(checkpoint_sources(name)[0]):
-                parts.setdefault(source, []).append((name, place))
-        sent, sums, held = {}, {}, {n: {} for n in checked}
-
-        def watched():
-            for name, tensor in named_tensors:
-                sent[name] = tuple(tensor.shape)
-                for param, place in parts.get(name, ()):
-                    sources = checkpoint_sources(param)[0]
-                    if len(sources) == 1:
-                        sums[param] = checksum(tensor.to(self.dtype))
-                        continue
-                    held[param][place] = tensor.detach().to(self.dtype, copy=True)
-                    if len(held[param]) == len(sources):
-                        sums[param] = checksum(torch.cat([held[param][k] for k in range(len(sources))]))
-                        held[param] = {}
-                yield name, tensor
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": watched()})
-        held.clear()
+        checked = sorted({self.checkable[(start + k) % len(self.checkable)]
+                          for k in range(min(CHECKED_PER_LOAD, len(self.checkable)))})
+        columns = self.readback.columns(self.loads)
+        sent = Sent(checked, columns, self.dtype)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": sent.watch(named_tensors)})
         self.loads += 1
         if was_asleep:
             self.llm.wake_up(tags=["kv_cache"])
         self.llm.reset_prefix_cache()   # cached KV blocks were computed with the old weights
-        missing = sorted(n for n in self.expected if n not in sent)
-        reshaped = sorted(n for n in self.expected if n in sent and sent[n] != self.expected[n])
-        engine_sums = self.llm.collective_rpc(_checksums, kwargs={"names": sorted(checked)})[0]
-        differ = sorted(n for n in checked if engine_sums[n] != sums.get(n))
+        missing = sorted(n for n in self.expected if n not in sent.shapes)
+        reshaped = sorted(n for n in self.expected if n in sent.shapes and sent.shapes[n] != self.expected[n])
+        engine_sums = self.llm.collective_rpc(_checksums, kwargs={"names": checked})[0]
+        engine_columns = {} if not columns else \
+            self.llm.collective_rpc(_kernel_columns, kwargs={"columns": columns, "dtype": self.dtype})[0]
+        differ = sorted([n for n in checked if engine_sums[n] != sent.sums.get(n)] +
+                        [n for n in columns if not same_bits(engine_columns[n], sent.columns.get(n))])
         problems = [f"{len(missing)} of the model's {len(self.expected)} tensors were not sent ({missing[:3]})"] * \
             bool(missing)
         problems += [f"{reshaped[:3]} came in another shape"] * bool(reshaped)
@@ -392,6 +487,21 @@ def checkpoint_shapes(model_dir):
         with safe_open(path, "pt") as f:
             shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
     return shapes
+
+
+def checkpoint_columns(model_dir, columns, dtype):
+    """{engine parameter: its columns as the checkpoint in model_dir makes it (checkpoint_sources), in `dtype`},
+    for `columns` {name: (input size, column indices)}: each part's columns up to the last one wanted, read
+    from its safetensors file, then picked and concatenated along dim 0."""
+    import glob
+    from safetensors import safe_open
+    wanted = {source: indices for name, (_, indices) in columns.items() for source in checkpoint_sources(name)[0]}
+    parts = {}
+    for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+        with safe_open(path, "pt") as f:
+            parts.update({name: f.get_slice(name)[:, :max(wanted[name]) + 1][:, wanted[name]].to(dtype)
+                          for name in f.keys() if name in wanted})
+    return {name: torch.cat([parts[source] for source in checkpoint_sources(name)[0]]) for name in columns}
 
 
 def end_tokens(model_dir, tokenizer):
@@ -432,6 +542,25 @@ def _checksums(worker, names):
 def _parameter_layouts(worker):
     """Runs in the vLLM worker (collective_rpc): {name: (shape, dtype name)} of the engine's parameters."""
     return {n: (tuple(p.shape), str(p.dtype)) for n, p in worker.model_runner.get_model().named_parameters()}
+
+
+@torch.no_grad()
+def _kernel_columns(worker, columns, dtype):
+    """Runs in the vLLM worker: {name: the named weight's columns, [outputs, len(indices)] in `dtype`, read through
+    its layer's kernel} for `columns` {name: (input size, column indices)}: the layer's own product
+    (quant_method.apply, as its forward, without the bias) of the unit vectors e_j of those columns, whose
+    results are the columns W e_j (`comparable` says how exactly); None for a parameter whose layer has none."""
+    model, out = worker.model_runner.get_model(), {}
+    for name, (inputs, indices) in columns.items():
+        layer = model.get_submodule(name.rpartition(".")[0])
+        if getattr(layer, "quant_method", None) is None:
+            out[name] = None
+            continue
+        device = layer.weight.device
+        units = torch.zeros(len(indices), inputs, dtype=dtype, device=device)
+        units[torch.arange(len(indices), device=device), torch.tensor(indices, device=device)] = 1
+        out[name] = layer.quant_method.apply(layer, units).t().to("cpu", dtype)
+    return out
 
 
 # The transformers engine's KV budget when --hf_kv_budget_gib is 0: on a GPU, HF_KV_SHARE of the memory the device

@@ -363,7 +363,8 @@ def test_a_sleeping_engine_wakes_its_weights_for_the_load_and_its_kv_cache_after
     engine = object.__new__(rollout.VLLMEngine)
     engine.llm, engine.sleeps, engine.asleep, engine.loads = RecordingLLM(), True, False, 0
     engine.dtype = torch.float32
-    engine.expected, engine.checkable = {"w": (2,)}, ["w"]
+    engine.readback = rollout.readback_plan({"w": (2,)}, {"w": ((2,), "torch.float32")}, torch.float32, {})
+    engine.expected, engine.checkable = {"w": (2,)}, engine.readback.checkable
     engine.sleep()
     engine.sleep()
     assert engine.load_weights([("w", torch.ones(2))]) is None
@@ -395,29 +396,39 @@ def _stand_in_checkpoint(shift=0.0):
     return {name: torch.randn(shape, generator=g) + shift for name, shape in STAND_IN_SHAPES.items()}
 
 
-def _stand_in_engine(monkeypatch, tmp_path, repacked=()):
+def _stand_in_engine(monkeypatch, tmp_path, repacked=(), kernel=None):
     """A VLLMEngine on the stand-in, which starts from the checkpoint _stand_in_checkpoint() saved in tmp_path.
     Its `llm.drops`: checkpoint names it does not load (vLLM only warns of such a weight); `llm.corrupts`:
-    parameters it changes after each load; `repacked`: parameters it holds as empty tensors, as vLLM's CPU
-    kernels leave linear weights after repacking them, and loads nothing into."""
+    parameters it changes after each load; `llm.corrupt_elements`: {parameter: (row, column)}, the one weight
+    it changes after each load; `repacked`: parameters it holds as empty tensors, as vLLM's CPU kernels leave
+    linear weights after repacking them, and loads nothing into, unless a `kernel` (packed weight, x) -> x W^T
+    is given: the layer then keeps the weight in a `packed` tensor of its own, loads into that, and applies
+    the kernel to it (its `quant_method.apply`, as vLLM's linear layers)."""
     import os
     import sys
     import types
     from safetensors.torch import load_file, save_file
     import rollout
 
+    class StandInKernel:
+        def apply(self, layer, x, bias=None):
+            return kernel(layer.packed, x)
+
     class StandInLLM:
         def __init__(self, model, **arguments):
             state, self.drops, self.corrupts = load_file(os.path.join(model, "model.safetensors")), set(), set()
-            params = {}
+            self.corrupt_elements = {}
+            params, parts = {}, {}
             for name, tensor in state.items():
                 module, _, leaf = name.rpartition(".")
                 parent, _, part = module.rpartition(".")
-                if part in STAND_IN_SLICES:
-                    fused = f"{parent}.{STAND_IN_SLICES[part][0]}.{leaf}"
-                    params[fused] = torch.cat([params[fused], tensor]) if fused in params else tensor.clone()
+                if part in STAND_IN_SLICES:                     # the parts at their rows, whatever the file's order
+                    fused, row = STAND_IN_SLICES[part]
+                    parts.setdefault(f"{parent}.{fused}.{leaf}", []).append((row, tensor))
                 else:
                     params[name] = tensor.clone()
+            params.update({fused: torch.cat([t for _, t in sorted(rows, key=lambda r: r[0])])
+                           for fused, rows in parts.items()})
             self.model = torch.nn.Module()
             for name, tensor in params.items():
                 *path, leaf = name.split(".")
@@ -428,8 +439,16 @@ def _stand_in_engine(monkeypatch, tmp_path, repacked=()):
                     module = module._modules[part]
                 module.register_parameter(leaf, torch.nn.Parameter(
                     torch.empty(0) if name in repacked else tensor, requires_grad=False))
+                if name in repacked and kernel is not None:
+                    module.packed, module.quant_method = tensor, StandInKernel()
             self.llm_engine = types.SimpleNamespace(vllm_config=types.SimpleNamespace(
                 model_config=types.SimpleNamespace(enable_sleep_mode=False)))
+
+        def held(self, name):
+            """The tensor that holds parameter `name`'s weights: the layer's `packed` one, or the parameter."""
+            module, _, leaf = name.rpartition(".")
+            module = self.model.get_submodule(module)
+            return module.packed if name in repacked and kernel is not None else module.get_parameter(leaf)
 
         def reload_weights(self, weights_iterator):
             params = dict(self.model.named_parameters())
@@ -440,8 +459,12 @@ def _stand_in_engine(monkeypatch, tmp_path, repacked=()):
                 target = f"{parent}.{fused}.{leaf}"
                 if name not in self.drops and target not in repacked:
                     params[target].data[row:row + tensor.shape[0]] = tensor
+                elif name not in self.drops and kernel is not None:
+                    self.held(target).data[row:row + tensor.shape[0]] = tensor
             for name in self.corrupts:
                 params[name].data.add_(1.0)
+            for name, place in self.corrupt_elements.items():
+                self.held(name).data[place] += 1.0
 
         def collective_rpc(self, method, args=(), kwargs=None):
             if method == "reload_weights":
@@ -545,21 +568,118 @@ def test_parameters_held_in_another_layout_are_named_not_reported(dist_world, mo
     assert [engine.load_weights(trained.items()) for _ in range(3)] == [None] * 3
 
 
+STAND_IN_LINEAR = [f"model.layers.{layer}.{name}.weight" for layer in range(2)
+                   for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
+
+
+def test_the_columns_read_through_a_kernel_by_hand():
+    """A layer's kernel applied to the unit vectors e_j gives the columns W e_j of its weight, whatever the
+    kernel holds in the parameter's place; the columns a load reads come in turns of ceil(inputs / loads), the
+    last wrapping round, every column within `loads` loads; -0.0 and subnormals compare as 0.0."""
+    import types
+    from rollout import _kernel_columns, comparable, kernel_columns, same_bits
+    layer = torch.nn.Module()
+    layer.register_parameter("weight", torch.nn.Parameter(torch.empty(0), requires_grad=False))
+    layer.packed = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])             # W: 2 outputs x 3 inputs
+    layer.quant_method = types.SimpleNamespace(apply=lambda layer, x, bias=None: x @ layer.packed.T)
+    model = torch.nn.Module()
+    model.add_module("proj", layer)
+    model.add_module("norm", torch.nn.LayerNorm(2))
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(get_model=lambda: model))
+    read = _kernel_columns(worker, {"proj.weight": (3, [2, 0]), "norm.weight": (2, [0])}, torch.float32)
+    assert torch.equal(read["proj.weight"], torch.tensor([[3.0, 1.0], [6.0, 4.0]])) and read["norm.weight"] is None
+    assert [kernel_columns(10, load, 4) for load in range(5)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 0, 1],
+                                                                  [0, 1, 2]]
+    assert kernel_columns(3, 0, 1) == [0, 1, 2] and kernel_columns(2, 3, 5) == [1]
+    subnormal = torch.finfo(torch.float32).tiny / 4
+    assert comparable(torch.tensor([-0.0, subnormal, -subnormal, 1.0, -2.0])).tolist() == [0.0, 0.0, 0.0, 1.0, -2.0]
+    assert comparable(torch.tensor([-0.0])).view(torch.int32).item() == 0                   # +0.0's bits
+    assert same_bits(torch.tensor([[0.0, 1.0]]), torch.tensor([[-0.0, 1.0]]))
+    assert not same_bits(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.0, 1.0000001]]))
+    assert not same_bits(torch.tensor([[1.0]]), None) and not same_bits(torch.tensor([[1.0]]), torch.tensor([1.0]))
+
+
+def _exact(packed, x):
+    return x @ packed.T
+
+
+def test_repacked_weights_are_read_through_their_kernel_and_one_wrong_weight_is_found(dist_world, monkeypatch,
+                                                                                         tmp_path):
+    """The stand-in holds its 8 linear weights repacked, behind a kernel: each is read back through it, 1/N of
+    its input columns a load, so that a single weight changed in the engine after every load is reported within
+    N loads (and only its parameter), and a layer that the loads leave as it was (a frozen o_proj) at the first
+    load; faithful loads report nothing."""
+    engine = _stand_in_engine(monkeypatch, tmp_path, repacked=STAND_IN_LINEAR, kernel=_exact)
+    readback = engine.readback
+    assert sorted(readback.through_kernel) == sorted(STAND_IN_LINEAR) and readback.unreadable == {}
+    assert readback.through_kernel["model.layers.0.mlp.down_proj.weight"] == 6
+    assert readback.report() == (
+        "weight check: 10 of the engine's 18 parameters (20.0% of the model's bytes) are read back, 4 a load, "
+        "each within 3 loads; 8 repacked for this device's kernels are read back through those kernels, 1/3 of "
+        "their input columns a load, each whole within 3 loads")
+    trained = _stand_in_checkpoint(shift=1.0)
+    assert [engine.load_weights(trained.items()) for _ in range(STAND_IN_N)] == [None] * STAND_IN_N
+    for name in STAND_IN_LINEAR:
+        engine = _stand_in_engine(monkeypatch, tmp_path, repacked=STAND_IN_LINEAR, kernel=_exact)
+        engine.llm.corrupt_elements = {name: (1, -1)}                    # row 1, the last input column
+        reports = [engine.load_weights(trained.items()) for _ in range(STAND_IN_N)]
+        assert set(reports) == {f"the engine's {[name]} differ from the trainer's after the load", None}, reports
+    engine = _stand_in_engine(monkeypatch, tmp_path, repacked=STAND_IN_LINEAR, kernel=_exact)
+    engine.llm.drops = {f"model.layers.{layer}.self_attn.o_proj.weight" for layer in range(2)}
+    assert engine.load_weights(trained.items()) == (
+        "the engine's ['model.layers.0.self_attn.o_proj.weight', 'model.layers.1.self_attn.o_proj.weight'] "
+        "differ from the trainer's after the load")
+
+
+def test_a_kernel_that_does_not_give_its_weights_back_is_named_at_the_start(dist_world, monkeypatch, tmp_path):
+    """A kernel that rounds its weights (here to bf16) does not give back the start checkpoint's columns: the
+    engine says so at its start, with the parameters it cannot check, and no load reports them."""
+    engine = _stand_in_engine(monkeypatch, tmp_path, repacked=STAND_IN_LINEAR,
+                              kernel=lambda packed, x: (x.bfloat16() @ packed.bfloat16().T).float())
+    readback = engine.readback
+    assert readback.through_kernel == {} and sorted(readback.unreadable) == sorted(STAND_IN_LINEAR)
+    assert readback.unreadable["model.layers.0.self_attn.o_proj.weight"] == (
+        "held as (0,) float32, the checkpoint's (4, 4) float32, and its kernel does not give back the start "
+        "checkpoint's columns")
+    assert "; 8 cannot be read back on this device and are not checked: model.layers.*.mlp.down_proj.weight x2 " \
+           "(held as (0,) float32, the checkpoint's (4, 6) float32, and its kernel does not give back the start " \
+           "checkpoint's columns)" in readback.report()
+    trained = _stand_in_checkpoint(shift=1.0)
+    assert [engine.load_weights(trained.items()) for _ in range(STAND_IN_N)] == [None] * STAND_IN_N
+
+
 @pytest.mark.vllm
 def test_the_cpu_engine_says_what_it_reads_back(dist_world, tiny_model_dir):
     """vLLM's CPU engine repacks every linear layer's weight (an empty tensor is left in the parameter's place):
-    of the classroom-sized model's 34 engine parameters the embedding and the norms are read back, 16% of its
-    bytes, and the 16 linear weights are named as unreadable; N whole loads report nothing."""
+    of the classroom-sized model's 34 engine parameters the embedding and the norms are read back as they are,
+    16% of its bytes, and the 16 linear weights through their kernel; N whole loads report nothing, and a single
+    weight of a linear layer that the kernel runs otherwise than sent is reported within N loads."""
     from transformers import AutoModelForCausalLM
     engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=8)
     readback = engine.readback
     linear = {f"model.layers.{layer}.{name}.weight" for layer in range(4)
               for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}
-    assert readback.parameters == 34 and set(readback.unreadable) == linear and len(readback.checkable) == 18
-    assert all(how.startswith("held as (0,) float32") for how in readback.unreadable.values())
-    assert round(readback.readable_bytes / readback.total_bytes, 3) == 0.159
-    assert "18 of the engine's 34 parameters (15.9% of the model's bytes)" in readback.report()
+    assert readback.parameters == 34 and set(readback.through_kernel) == linear and len(readback.checkable) == 18
+    assert readback.unreadable == {} and round(readback.readable_bytes / readback.total_bytes, 3) == 0.159
+    assert readback.report() == (
+        "weight check: 18 of the engine's 34 parameters (15.9% of the model's bytes) are read back, 4 a load, "
+        "each within 5 loads; 16 repacked for this device's kernels are read back through those kernels, 1/5 of "
+        "their input columns a load, each whole within 5 loads")
     state = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     n = readback.loads_to_check_all
     assert n == 5 and [engine.load_weights(state.items()) for _ in range(n)] == [None] * n
+    name = "model.layers.2.mlp.down_proj.weight"
+
+    def one_weight_off(worker, weights_iterator):      # after the load the kernel runs W + E(5, 383): one weight off
+        worker.reload_weights(weights_iterator=weights_iterator)
+        layer = worker.model_runner.get_model().get_submodule(name.rpartition(".")[0])
+        kernel = layer.cpu_linear
+        layer.cpu_linear = lambda x, weight, bias: kernel(x, weight, bias) + \
+            torch.nn.functional.pad(x[..., 383:], (5, 122))
+    real = engine.llm.collective_rpc
+    engine.llm.collective_rpc = lambda method, **kw: real(one_weight_off if method == "reload_weights" else method,
+                                                          **kw)
+    reports = [engine.load_weights(state.items()) for _ in range(n)]
+    assert set(reports) == {f"the engine's {[name]} differ from the trainer's after the load", None}, reports
+    engine.llm.collective_rpc = real
     engine.close()

@@ -273,6 +273,28 @@ def test_a_sync_that_drops_a_tensor_stops_the_run_within_that_step(tmp_path, mon
     assert not (out / "final").exists() and not (out / "checkpoints").exists()
 
 
+@pytest.mark.vllm
+def test_a_frozen_o_proj_in_vllm_stops_the_run_at_step_1_in_one_line(tmp_path):
+    """vLLM's CPU engine repacks its linear layers for its kernels; an engine whose loads leave every o_proj as it
+    was (tests/train_frozen_o_proj.py), which only warns, is read through those kernels after step 1's sync: the
+    run stops there, before the step's record, with one line that names the layers and no traceback, exit status
+    config.GUARD_STOP, and saves nothing."""
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "train_frozen_o_proj.py"), "--method", "gt",
+                          "--steps", "3", "--questions_per_step", "8", "--group_size", "4", "--eval_limit", "1",
+                          "--eval_every", "100", "--eval_k", "0", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == config.GUARD_STOP, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and res.stderr.count("train.py: stopped: ") == 1, res.stderr[-3000:]
+    assert "train.py: stopped: the weight sync into the rollout engine failed on rank 0: the engine's " \
+           "['model.layers.0.self_attn.o_proj.weight', 'model.layers.1.self_attn.o_proj.weight', " \
+           "'model.layers.2.self_attn.o_proj.weight'] differ from the trainer's after the load. The engine would " \
+           "sample from other weights than the trainer's" in res.stderr, res.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0] and "reward" not in records[0]          # the evaluation at step 0
+    assert not (out / "final").exists() and not (out / "checkpoints").exists()
+
+
 def test_groups_out_of_their_prompts_order_stop_the_step(tmp_path, monkeypatch):
     """rewards.twin pairs group i with group i + P: the step checks that the engine returned the groups in the order
     of their prompts (originals, then their rephrasings) before anything is labelled."""
