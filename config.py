@@ -18,65 +18,13 @@ before any compute (`check_settings`).
 import argparse
 import os
 import sys
-import time
 
-import checkpoint
-from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, LOSS_AGGS, OVERLONGS, POLICY_LOSS_CLIPS,
-                  POLICY_LOSS_TABLE, ROLLOUT_CORRECTIONS)
+from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, LOSS_AGGS, OVERLONGS, POLICY_LOSS_CLIPS, POLICY_LOSS_TABLE,
+                  ROLLOUT_CORRECTIONS)
+from harness import checkpoint
+from harness.errors import MissingInput, refuse
+from harness.resume import LATEST
 from rewards import METHODS
-from sharding import GuardStop
-
-class UsageError(Exception):
-    """A mistake in what was asked for (a setting, a path, data that cannot be read, a folder in use),
-    found before anything ran, or a stop the user can act on (a damaged checkpoint, a full disk): train.py
-    and eval.py print its message alone, without a traceback, and exit with status 2 (`exit_on_usage_error`).
-    The subclasses keep the built-in types callers test."""
-
-
-class RefusedSetting(UsageError, ValueError):
-    pass
-
-
-class InputError(UsageError, ValueError):
-    pass
-
-
-class MissingInput(UsageError, FileNotFoundError):
-    pass
-
-
-class FolderInUse(UsageError, FileExistsError):
-    pass
-
-
-class DamagedCheckpoint(UsageError):
-    """--resume of a checkpoint that cannot be read: the message names it and the one before it."""
-
-
-class OutOfDisk(UsageError):
-    """The disk of --out cannot hold the next save: found before it (the free space) or while writing it
-    (ENOSPC). The message names the disk, what the save needs and the newest complete checkpoint, which is kept."""
-
-
-USAGE_ERROR_WAIT_S = 10       # how long a rank other than 0 waits, after a usage error, for its launcher to stop it
-GUARD_STOP = 3                # the exit status of a run a guard stopped (sharding.GuardStop)
-
-
-def exit_on_usage_error(main, program):
-    """Run main(); a UsageError becomes one line on stderr, from the first rank only, and status 2; a guard's stop
-    (sharding.GuardStop: a failed weight sync, the sampler gap past its ceiling, a non-finite value, groups out of
-    order) one line too, and status GUARD_STOP. The other ranks wait (at most USAGE_ERROR_WAIT_S) for the launcher
-    to stop them: torchrun's agent stops every worker at the first one's exit, and a rank that exited before rank 0
-    had printed would cut its line off."""
-    try:
-        return main()
-    except (UsageError, GuardStop) as e:
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(f"{program}: {'error' if isinstance(e, UsageError) else 'stopped'}: {e}", file=sys.stderr,
-                  flush=True)
-        else:
-            time.sleep(USAGE_ERROR_WAIT_S)
-        sys.exit(2 if isinstance(e, UsageError) else GUARD_STOP)
 
 
 # Every setting's value in each preset, one row a setting. None: not set (--steps: from --epochs; --epochs: from
@@ -137,7 +85,7 @@ PRESET_TABLE = [
     ("keep_last",                  2,             2),
     ("ema_start",                  0.99,          0.99),
     ("ema_end",                    0.9999,        0.9999),
-    ("max_sampler_gap",            None,          None),      # none: the ceiling of --dtype (run.SamplerGapWatch)
+    ("max_sampler_gap",            None,          None),      # none: the ceiling of --dtype (harness/watches.py)
     ("sampler_gap_factor",         5.0,           5.0),
 ]
 PRESET_NAMES = ("classroom", "official")           # PRESET_TABLE's columns
@@ -153,12 +101,11 @@ METHOD_DEFAULTS = {name: settings_changed_by(m) for name, m in METHODS.items() i
 VIEWS = ("original", "both")
 DTYPES = ("float32", "bfloat16", "float16")           # --dtype: the trainer's compute dtype and the engine's
 TEACHER_PROMPTS = ("same", "rephrased")
-# Settings added since runs were saved: a checkpoint's config.json from before lacks them, and its run ran as
-# these values say (resume_settings fills them in, and says which).
-ADDED_SETTINGS = {"rollout_correction": "none", "rollout_correction_cap": 2.0, "hf_kv_budget_gib": 0.0,
-                  "group_filter": "none", "policy_loss": "clip", "loss_agg": "view_token_mean", "advantage_std": "group",
-                  "clip_high": None, "overlong": "none", "overlong_buffer": 8, "entropy_coef": 0.0,
-                  "rephrase_noise": 0.0}
+# Settings added since runs were saved: a checkpoint's config.json from before lacks them, and its run ran as its
+# preset's values of them say (resume_settings fills them in, and says which).
+ADDED_SETTINGS = ("rollout_correction", "rollout_correction_cap", "hf_kv_budget_gib", "group_filter", "policy_loss",
+                  "loss_agg", "advantage_std", "clip_high", "overlong", "overlong_buffer", "entropy_coef",
+                  "rephrase_noise")
 # Methods renamed when `coreward3` became the authors' Co-rewarding-III: (the name a run was saved under, the
 # --teacher_prompts its runs saved, the name of that method now). A resume of such a run, or --method with a name that
 # is no longer one, is refused with the new name (`renamed`).
@@ -175,7 +122,6 @@ LOSS_FAMILY = ("policy_loss", "clip_eps", "clip_high", "loss_agg", "advantage_st
                "entropy_coef", "rephrase_noise")
 # Flags that say how to start this process, not what the run is: not part of its configuration.
 NOT_CONFIG = ("resume", "overwrite", "preset_reason", "backend_reason", "ranks", "max_restarts", "given")
-LATEST = "latest"           # the value of a bare --resume: the newest checkpoint in --out
 
 
 BACKENDS = ("auto", "vllm", "hf")
@@ -339,7 +285,7 @@ FLAGS = [
                                     "is mixed in with the decay at s / T (teacher.py)"),
     ("ema_end", dict(type=float), "... and at its end (the official code's differs: RECIPE.md, departures)"),
     ("max_sampler_gap", dict(type=float), "stop when the sampler's and the trainer's log-probs differ by more than "
-                                          "this (mean per token; none: the ceiling of --dtype, run.SamplerGapWatch)"),
+                                          "this (mean per token; none: the ceiling of --dtype, watches.SamplerGapWatch)"),
     ("sampler_gap_factor", dict(type=float), "warn when that gap exceeds this times its mean over the first steps"),
 ]
 
@@ -403,11 +349,6 @@ def config_of(args):
     return {k: v for k, v in vars(args).items() if k not in NOT_CONFIG}
 
 
-def refuse(message):
-    """Stop before anything ran: a setting that cannot work."""
-    raise RefusedSetting(f"{message}; nothing was run")
-
-
 def resume_settings(args):
     """(settings, checkpoint path) of `--resume`: the checkpoint's configuration, with the flags given
     now (`args.given`) checked against it. A flag outside MAY_CHANGE_ON_RESUME that differs stops the run."""
@@ -438,7 +379,7 @@ def resume_settings(args):
                        f"it continues with --out, so that nothing beside the copy is taken for the run's")
             out = args.out
     saved = checkpoint.read_config(path)
-    filled = {k: v for k, v in ADDED_SETTINGS.items() if k not in saved}
+    filled = {k: PRESETS[saved.get("preset", "classroom")][k] for k in ADDED_SETTINGS if k not in saved}
     if filled:
         print(f"resume: {path} was saved before " + ", ".join(f"--{k}" for k in filled) + " existed; its run continues "
               f"with the value it ran under: " + ", ".join(f"--{k} {v}" for k, v in filled.items()))
@@ -466,8 +407,8 @@ def resume_settings(args):
     return argparse.Namespace(**{**settings, **kept}), path
 
 
-def check_settings(args, world_size):
-    """Refuse, before any compute, settings that cannot work."""
+def check_numbers(args):
+    """Refuse, before any compute, numbers that cannot work."""
     if not 0 < args.gpu_memory_utilization < 1:
         refuse(f"--gpu_memory_utilization {args.gpu_memory_utilization} must be between 0 and 1: the share of each "
                f"GPU vLLM takes; the trainer needs the rest")
@@ -505,6 +446,12 @@ def check_settings(args, world_size):
                f"shorter than --max_response_len {args.max_response_len}")
     if not 0 <= args.rephrase_noise <= 1:
         refuse(f"--rephrase_noise {args.rephrase_noise} must be a share, between 0 and 1")
+
+
+def check_settings(args, world_size):
+    """Refuse, before any compute, settings that cannot work: numbers (check_numbers), then what the method and
+    the world of `world_size` ranks need."""
+    check_numbers(args)
     method = METHODS[args.method]
     if args.rephrase_noise and args.views != "both" and args.teacher_prompts != "rephrased":
         refuse(f"--rephrase_noise {args.rephrase_noise} mismatches rephrasings, which --method {args.method} "
@@ -532,10 +479,9 @@ def check_settings(args, world_size):
                f"--group_size {args.group_size})")
 
 
-def settings(argv=None, description=None):
-    """(settings, the checkpoint to resume or None): the flags, resolved (parse_args) or taken from
-    the checkpoint (resume_settings), and checked for the world train.py was started in."""
-    args = parse_args(argv, description)
+def settings(args):
+    """(settings, the checkpoint to resume or None): the parsed flags (parse_args), resolved or taken from the
+    checkpoint (resume_settings), and checked for the world train.py was started in."""
     resume = None
     if args.resume is not None:
         args, resume = resume_settings(args)
@@ -550,6 +496,27 @@ def settings(argv=None, description=None):
     if resume is None:
         args.backend_reason = why
     return args, resume
+
+
+ENGINE_NAMES = {"vllm": "vLLM", "hf": "transformers' generate"}
+
+
+def summary(args, disk, config_path):
+    """The run's first line: what it trains, how, and where every setting is; `disk` (one checkpoint's bytes, the most
+    the folder holds: checkpoint.disk_bytes). It names each setting of the loss family that differs from its preset's."""
+    views = "2 views" if args.views == "both" else "1 view"
+    evaluation = f"greedy and avg@{args.eval_k}" if args.eval_k else "greedy"
+    changed = "" if args.rollout_correction == "none" else \
+        f", rollout correction {args.rollout_correction} (cap {args.rollout_correction_cap})"
+    preset = PRESETS[args.preset]
+    changed += "".join(f", --{k} {getattr(args, k)}" for k in LOSS_FAMILY if getattr(args, k, preset[k]) != preset[k])
+    return (f"{args.method} on {args.data}, preset {args.preset} "
+            f"({getattr(args, 'preset_reason', 'as the checkpoint it resumes')}): {args.steps} steps of "
+            f"{args.questions_per_step} questions x {views} x G={args.group_size}, lr {args.lr}, KL {args.kl_coef}, "
+            f"{args.dtype}{changed}; {evaluation} on {args.eval_data} every {args.eval_every} steps; rollouts by "
+            f"{ENGINE_NAMES[args.backend]} ({getattr(args, 'backend_reason', 'as the checkpoint it resumes')}); "
+            f"checkpoints of {checkpoint.size(disk[0])}, at most {checkpoint.size(disk[1])} on disk; every setting in "
+            f"{config_path}")
 
 
 def preset_table():

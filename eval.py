@@ -43,8 +43,9 @@ import tempfile
 import time
 
 import config
-import data
-from answers import extract_answer, is_equiv, majority_vote
+from harness import checkpoint, data
+from harness.errors import FolderInUse, exit_on_usage_error
+from harness.answers import extract_answer, is_equiv, majority_vote
 
 # The settings of a run's own evaluation: the classroom preset's on the classroom, the official's elsewhere, so that
 # eval.py reproduces what training printed.
@@ -78,8 +79,8 @@ def pass_ks(k):
     return [2 ** e for e in range(k.bit_length()) if 2 ** e < k] + ([k] if k >= 1 else [])
 
 
-def eval_counts(engine, prompt_ids, gold, k=8, temperature=1.0, max_tokens=CLASSROOM["max_response_len"], seed=0,
-                indices=None, keep=0):
+def eval_counts(engine, prompt_ids, gold, k=CLASSROOM["eval_k"], temperature=CLASSROOM["eval_temperature"],
+                max_tokens=CLASSROOM["max_response_len"], seed=CLASSROOM["seed"], indices=None, keep=0):
     """(sums, examples) over this share of the questions. sums: {"n", "greedy", "avg", "maj", "boxed"} and,
     when k > 0, "pass" (pass@k at j = k: any of the k samples is right) and "pass@j" for j in pass_ks(k),
     each the sum over questions of pass_at_k(k, right ones, j).
@@ -215,7 +216,7 @@ def parse_args(argv=None):
         args.temperature = 0.8 if args.temperature is None else args.temperature
     args.backend, _ = config.choose_backend(args.backend)
     args.benchmarks = args.benchmarks.split(",")
-    preset = CLASSROOM if args.benchmarks == ["classroom"] else OFFICIAL
+    preset = args.preset = CLASSROOM if args.benchmarks == ["classroom"] else OFFICIAL
     args.temperature = args.temperature if args.temperature is not None else preset["eval_temperature"]
     args.max_tokens = args.max_tokens if args.max_tokens is not None else preset["max_response_len"]
     return args
@@ -223,11 +224,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    import checkpoint
     model = args.model
     out = args.out or default_out(model)
     if os.path.exists(os.path.join(out, "results.json")) and not args.overwrite:
-        raise config.FolderInUse(f"{out} already holds results (results.json); pass --overwrite to replace them, "
+        raise FolderInUse(f"{out} already holds results (results.json); pass --overwrite to replace them, "
                               f"or --out another folder. Nothing was run")
     with tempfile.TemporaryDirectory() as tmp:
         # a training checkpoint: its policy becomes a model folder first, which the engines load
@@ -243,7 +243,8 @@ def main(argv=None):
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"model": model, **{k: v for k, v in vars(args).items() if k != "model"}, "results": results},
+        json.dump({"model": model, **{k: v for k, v in vars(args).items() if k not in ("model", "preset")},
+                   "results": results},
                   f, indent=1)
     print(f"wrote {out}/results.md and results.json")
     return results
@@ -252,14 +253,14 @@ def main(argv=None):
 def evaluate_model(model_dir, args):
     """The results of the model in `model_dir` (a folder or a Hugging Face id) on args.benchmarks."""
     from transformers import AutoTokenizer
-    import run
     from rollout import make_engine
-    model_dir = run.model_folder_for_all_ranks(model_dir)
+    model_dir = checkpoint.model_folder_for_all_ranks(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sets = {name: benchmark_prompts(tokenizer, name, args.limit, prompt=args.prompt) for name in args.benchmarks}
     longest = max(len(p) for prompts, _ in sets.values() for p in prompts)
     engine = make_engine(args.backend, model_dir, max_prompt_len=longest, max_response_len=args.max_tokens,
-                         dtype=args.dtype, gpu_memory_utilization=args.gpu_memory_utilization)
+                         dtype=args.dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+                         cpu_kv_cache_gib=args.preset["cpu_kv_cache_gib"])
     results = {}
     for name, (prompts, gold) in sets.items():
         t0 = time.perf_counter()
@@ -271,4 +272,4 @@ def evaluate_model(model_dir, args):
 
 
 if __name__ == "__main__":
-    config.exit_on_usage_error(main, "eval.py")
+    exit_on_usage_error(main, "eval.py")

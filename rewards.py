@@ -59,7 +59,7 @@ from typing import Callable
 
 import torch
 
-from answers import answer_classes, is_equiv, majority_vote
+from harness.answers import is_equiv, majority_vote
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,32 +228,3 @@ def label_groups(method, answers, ground_truth, teacher_answers=None, coin_seeds
 def labels_for(method, answers, ground_truth, teacher_answers=None):
     """One label per group (label_groups without the voters)."""
     return label_groups(method, answers, ground_truth, teacher_answers)[0]
-
-
-# --------------------------------------------------------------------------------------------
-# What a run without labels can see
-
-def group_diagnostics(answers, rewards):
-    """What a run without labels can see of its groups, summed over the groups given (the caller
-    sums over ranks and divides by the number of groups):
-      unanimous:      groups whose every response answered, all with one answer;
-      distinct:       distinct answers (classes of equal answers; no answer is not one), summed;
-      zero_variance:  groups whose rewards are all equal: zero advantages, no learning signal.
-    answers: [groups][G] extracted answers (None: no answer); rewards: [groups, G]."""
-    classes = [answer_classes(group) for group in answers]
-    return {
-        "unanimous": sum(len(c) == 1 and len(c[0]) == len(group) for c, group in zip(classes, answers)),
-        "distinct": sum(len(c) for c in classes),
-        "zero_variance": int((rewards == rewards[:, :1]).all(-1).sum()),
-    }
-
-
-def common_answer_share(votes):
-    """The share of groups whose majority answer is the most common one among them: a policy that
-    gives one answer whatever the question (a reward hack of every vote-based reward) drives it
-    up, while on distinct questions it stays small. votes: each group's majority answer (None:
-    the group answered nothing; counted in the denominator, never as the common answer)."""
-    if not votes:
-        return 0.0
-    classes = answer_classes(votes)
-    return max((len(c) for c in classes), default=0) / len(votes)

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from sharding import reshard, sync_engine_weights
+from harness.sharding import reshard, sync_engine_weights
 
 
 def ema_decay(step, total_steps, start=0.99, end=0.9999):

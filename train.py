@@ -18,20 +18,18 @@ One step (`training_step`):
    question's other view is the label; for coreward2_rephrased it answers the rephrasings while
    the policy trains on the originals (`--teacher_prompts rephrased`); the answer-free baselines
    (self_certainty, entropy) score responses by the policy's token distributions instead;
-4. shape overlong responses (`--overlong`: a penalty, or loss weight 0), keep the groups the group
-   filter keeps (`--group_filter`, grpo.py's GROUP FILTERS: a dropped group's tokens get loss weight
-   0, `Batch.weight`, and leave the loss's token means), normalise the rewards within each group
-   into advantages (`--advantage_std`), and take the update(s): the policy term of `--policy_loss`
-   (PPO's clip by default) with a k3 KL penalty to the frozen start model, or to the teacher for the
-   teacher methods, aggregated by `--loss_agg` (grpo.py, THE LOSS FAMILY); by default a two-view
-   method's loss is J(q) + J(q'), one token mean per view;
+4. the update (grpo.update): shape overlong responses, keep the groups the group filter keeps,
+   normalise the rewards within each group into advantages, and take the update(s): the policy
+   term with a k3 KL penalty to the frozen start model, or to the teacher for the teacher
+   methods; by default a two-view method's loss is J(q) + J(q'), one token mean per view
+   (grpo.py, THE LOSS FAMILY);
 5. move the teacher towards the policy (EMA), and load the updated weights into the engine.
 
-`main` sets up and runs the loop: a step, its record (record.py), an evaluation every
---eval_every steps, a checkpoint every --save_every. The settings and presets are config.py's; the
-run's folder, log, checkpoints, resume and stop signals are run.py's. The run stops before the
-optimizer step at the first NaN or infinite loss, gradient norm or sampler gap: nothing non-finite
-reaches the weights or a saved model.
+`main` sets up and runs the loop (`train`): a step, its record (harness/record.py), an evaluation
+every --eval_every steps, a checkpoint every --save_every. The settings and presets are config.py's;
+the run's folder, logs, checkpoints, restarts and stop signals are the harness's (harness/README.md).
+The run stops before the optimizer step at the first NaN or infinite loss, gradient norm or sampler
+gap: nothing non-finite reaches the weights or a saved model.
 
 The step's collectives, in order (every rank reaches each, or the ranks wait for ever):
 - the teacher methods: the teacher's weights into the engine (`sync_engine_weights`: an all-gather
@@ -44,7 +42,7 @@ The step's collectives, in order (every rank reaches each, or the ranks wait for
   and reduce-scatters in each forward and backward, the count of non-finite values (an
   all-reduce) and the gradient norm (`clip_grad_norm_`, an all-reduce over the shards);
 - the updated policy's weights into the engine (`Models.sync_engine`, as the teacher's);
-- the step's record (record.py, `step_record_over_ranks`: an all-reduce of the sums, an all-gather of the votes).
+- the step's record (`step_record_over_ranks`: an all-reduce of the sums, an all-gather of the votes).
 The loop around the step adds the evaluations' all-reduce (`all_sum`), the stop signals' all-reduce
 (`StopSignals.agreed_over_ranks`) and the checkpoints' barriers.
 """
@@ -60,18 +58,17 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-import checkpoint
 import config
-import data
-import run
-from answers import extract_answer
+import grpo
 from eval import accuracies, benchmark_prompts, eval_counts
-from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, OVERLONGS, NonFiniteError, StepConfig, group_advantages, make_batch,
-                  score_responses, train_step)
-from record import Step, step_record_over_ranks
+from grpo import StepConfig, make_batch, score_responses
+from harness import checkpoint, data, launch, resume, runfolder, watches
+from harness.answers import extract_answer
+from harness.errors import STOPPED, GroupOrderError, NonFiniteError, exit_on_usage_error
+from harness.record import Step, step_record_over_ranks
+from harness.sharding import all_sum, init_distributed, load_sharded, sync_engine_weights
 from rewards import METHODS, label_groups
 from rollout import make_engine, request_seed
-from sharding import GuardStop, all_sum, init_distributed, load_sharded, sync_engine_weights
 from teacher import ema_alpha, ema_update, teacher_rollout
 
 
@@ -144,7 +141,7 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
     answers = [[extract_answer(s.text) for s in g] for g in groups]
     batch = make_batch([s for g in groups for s in g], models.pad_id, device)
     method = METHODS[args.method]                 # its row of rewards.METHOD_TABLE
-    if method.two_view:                           # J(q) + J(q'): one token mean per view (grpo.py, NORMALISATION)
+    if method.two_view:                           # J(q) + J(q'): one token mean per view (grpo.py, LOSS_AGG_TABLE)
         batch.view = torch.arange(len(views), device=device).repeat_interleave(len(questions) * args.group_size)
     if method.labels is None:                     # a reward of the response's tokens, under the policy
         labels, rewards = None, score_responses(models.policy, batch, step_cfg, method.reward).cpu()
@@ -153,16 +150,11 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
         labels, voters = label_groups(args.method, answers, gold, teacher_answers, coin_seeds=seeds("reward", views))
         rewards = torch.tensor(method.reward(answers, labels, voters))           # [views x P, G]
 
-    # 4. overlong responses (--overlong: a penalty, or loss weight 0), the groups that train (--group_filter: a dropped
-    # group's tokens get loss weight 0), advantages (--advantage_std batch: an all-reduce), and the update(s)
-    shaped, weight = OVERLONGS[args.overlong](rewards, *lengths_and_cuts(groups), args.max_response_len,
-                                               args.overlong_buffer)             # [views x P, G] each
-    keep = GROUP_FILTERS[args.group_filter](shaped)                               # [views x P] bool
-    batch.weight *= (keep[:, None] * weight).flatten()[:, None].to(device)
-    batch.advantages = group_advantages(shaped, scale=ADVANTAGE_STDS[args.advantage_std]).flatten().to(device)
+    # 4. the update: overlong shaping, the group filter, the advantages and the policy loss (grpo.py, THE LOSS FAMILY)
     lr = models.scheduler.get_last_lr()[0]                                        # the rate this step's updates use
     try:
-        stats = train_step(models.policy, models.ref, models.optimizer, batch, step_cfg, world_size)
+        stats, shaped, keep = grpo.update(models.policy, models.ref, models.optimizer, batch, rewards, step_cfg,
+                                          world_size)
     except NonFiniteError as e:
         raise NonFiniteError(f"step {step}: {e} The run stopped; metrics.jsonl holds the steps before it.") from None
     models.scheduler.step()
@@ -190,16 +182,6 @@ def teacher_answers_of(args, models, prompts, seeds, ids, views):
                              args.temperature, args.max_response_len)
     check_groups(groups, prompts(which), ids(which), args.group_size, "the teacher")
     return [[extract_answer(s.text) for s in g] for g in groups]
-
-
-def lengths_and_cuts(groups):
-    """([groups, G] each response's tokens, float; [groups, G] bool: cut at the length limit)."""
-    return (torch.tensor([[float(len(s.token_ids)) for s in g] for g in groups]),
-            torch.tensor([[not s.finished for s in g] for g in groups]))
-
-
-class GroupOrderError(GuardStop):
-    """The rollout engine returned groups that do not answer the prompts asked, in their order."""
 
 
 def check_groups(groups, prompt_ids, ids, group_size, who):
@@ -256,17 +238,6 @@ def build_models(args, model_dir, device, pad_id):
     return Models(policy, ref, teacher, optimizer, scheduler, engine, pad_id)
 
 
-def step_config(args):
-    """The settings of grpo.train_step, from the run's."""
-    return StepConfig(temperature=args.temperature, clip_eps=args.clip_eps, kl_coef=args.kl_coef,
-                      mini_batches=args.mini_batches, micro_batch_size=args.micro_batch_size,
-                      max_tokens_per_micro_batch=args.max_tokens_per_micro_batch or None,      # 0: by count
-                      max_grad_norm=args.max_grad_norm, defer_grad_sync=args.defer_grad_sync,
-                      rollout_correction=args.rollout_correction, rollout_correction_cap=args.rollout_correction_cap,
-                      policy_loss=args.policy_loss, loss_agg=args.loss_agg, clip_high=args.clip_high,
-                      entropy_coef=args.entropy_coef, max_response_len=args.max_response_len)
-
-
 def cosine_with_warmup(total_steps, warmup_ratio):
     """The learning-rate factor of training step `step` (0-based): a linear warm-up over the first
     max(1, int(total_steps * warmup_ratio)) steps (1/warmup, 2/warmup, ..., 1), then a cosine from 1
@@ -288,11 +259,11 @@ def evaluation_set(tokenizer, args, rank, world_size):
 
 def evaluate(step, engine, eval_set, args, device, log, rank, tokenizer):
     """Evaluate the engine's model on the evaluation questions, every rank its share; log the record, and
-    on rank 0 its first --eval_samples questions' responses to samples.jsonl (`run.write_samples`)."""
+    on rank 0 its first --eval_samples questions' responses to samples.jsonl (`runfolder.write_samples`)."""
     prompts, gold, indices = eval_set
     sums, examples = eval_counts(engine, prompts, gold, args.eval_k, args.eval_temperature, args.max_response_len,
                                  args.seed, indices, keep=args.eval_samples if rank == 0 else 0)
-    run.write_samples(args.out, step, examples, tokenizer)
+    runfolder.write_samples(args.out, step, examples, tokenizer)
     acc = accuracies(all_sum(sums, device), args.eval_k)
     log.write({"step": step, "eval_acc": acc["avg"], "eval_greedy": acc["greedy"], "eval_maj": acc["maj"],
                "eval_boxed": acc["boxed"], "eval_pass": acc.get("pass")})             # pass@k: none at --eval_k 0
@@ -306,10 +277,10 @@ def read_inputs(args, resume, rank, world_size):
     """Every input of the run, read and checked (before --overwrite deletes an earlier run): the model folder,
     its tokenizer, the prompt encoder, the training questions, their fingerprints (checked against a resumed
     checkpoint's) and the evaluation set. Sets --steps from --epochs."""
-    import world
+    from harness import world
     from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging
-    model_dir = run.model_folder_for_all_ranks(args.model) if args.model else world.base_model_dir()
+    model_dir = checkpoint.model_folder_for_all_ranks(args.model) if args.model else world.base_model_dir()
     transformers_logging.disable_progress_bar()      # the bars of loads and saves, each over in a moment
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # question -> prompt ids, encoded once: drop_long sees every prompt, the steps reuse them
@@ -322,7 +293,7 @@ def read_inputs(args, resume, rank, world_size):
     fingerprints = {"questions": checkpoint.questions_fingerprint(pairs),
                     "model": checkpoint.model_fingerprint(model_dir)}
     if resume is not None:                          # before anything slow: the data and model it was trained on
-        run.check_fingerprints(resume, fingerprints)
+        resume.check_fingerprints(resume, fingerprints)
     if args.steps is None:
         args.steps = run_length(args.epochs, len(pairs), args.questions_per_step)
 
@@ -341,7 +312,7 @@ def run_length(epochs, pairs, questions_per_step):
 
 def show_step(step, record, bar, watches, rank):
     """The console's view of a step: the progress bar's figures, and the watches' warnings (rank 0). The sampler
-    gap's watch stops the run past its ceiling (run.SamplerGapWatch)."""
+    gap's watch stops the run past its ceiling (watches.SamplerGapWatch)."""
     collapse, gap = watches
     for warning in (collapse.update(record), gap.check(step, record)):
         if warning and rank == 0:
@@ -352,76 +323,91 @@ def show_step(step, record, bar, watches, rank):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    # a launcher's restart of the run in --out (torchrun --max-restarts, a requeued Slurm job) continues it
-    argv, restart = run.as_an_attempt(argv, config.parse_args(argv, __doc__).out)
-    args, resume = config.settings(argv, __doc__)
-    if resume is not None and run.finished(resume, args):
+    args = config.parse_args(argv, __doc__)
+    restart = resume.as_an_attempt(args)            # a launcher's restart of the run in --out continues it
+    args, resume_from = config.settings(args)
+    if resume_from is not None and resume.finished(resume_from, args):
         return
     if args.ranks and "WORLD_SIZE" not in os.environ:     # python train.py --ranks N: start the N ranks here
-        return run.launch_ranks(args.ranks, os.path.abspath(__file__), argv, args.max_restarts or 0, args.out)
-    rank, world_size, device = init_distributed()
-    held_locks = run.lock_out(args.out, rank)      # noqa: F841  (open until the process ends: no other run on --out)
-    earlier = run.earlier_outputs(args.out, args.overwrite, rank) if resume is None else []
-    model_dir, tokenizer, encode, pairs, fingerprints, eval_set, noise = read_inputs(args, resume, rank, world_size)
-    run.remove_outputs(args.out, earlier, rank)      # only now: every input was read and checked
-    with run.console_log(args.out, rank):           # rank 0's console, also into OUT/run.log
-        models = build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
-        # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the world
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, os.cpu_count() // local_ranks))))
-        step_cfg = step_config(args)
-        # The loop's random state: the question order, and the global torch RNG behind the mini-batch order
-        # (seeded after the engine starts, as vLLM seeds the global RNG with its own seed).
-        torch.manual_seed(args.seed)
-        questions, start, wandb_id = Questions.shuffled(pairs, args.seed), 0, secrets.token_hex(4)
-        ceiling = run.SAMPLER_GAP_CEILING[args.dtype] if args.max_sampler_gap is None else args.max_sampler_gap
-        gap_watch = run.SamplerGapWatch(ceiling, args.sampler_gap_factor)
-        if resume is not None:
-            start, saved_id, gap_watch.first = run.restore(resume, models, questions, args, rank)
-            wandb_id = saved_id or wandb_id                       # kept in checkpoints: a resumed run continues it
-        wandb_run = run.start_wandb(args.wandb, wandb_id, config.config_of(args)) if args.wandb and rank == 0 \
-            else None
-        log = run.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0,
-                             resume_step=start if resume else None, wandb_run=wandb_run)
-        watch = run.CollapseWatch()
-        if restart and rank == 0:
-            print(restart + run.dropped_note(log.dropped))
-        run.write_config(args, rank, run.disk_bytes(models, args), models.engine.weight_check_report())
-        if noise and rank == 0:                     # --rephrase_noise: how many pairs the control mismatched
-            print(noise)
-        if start == 0:
-            evaluate(0, models.engine, eval_set, args, device, log, rank, tokenizer)
-        signals, stopped = run.StopSignals(args.out, rank), False
-        bar = tqdm(range(start + 1, args.steps + 1), disable=rank != 0, desc=args.method, initial=start,
-                   total=args.steps)
-        try:
-            for step in bar:
-                indices, mine = questions.take(args.questions_per_step, rank, world_size)
-                record = training_step(args, step, indices, mine, models, encode, step_cfg, device, world_size)
-                log.write(record)
-                show_step(step, record, bar, (watch, gap_watch), rank)
-                if step % args.eval_every == 0 or step == args.steps:
-                    evaluate(step, models.engine, eval_set, args, device, log, rank, tokenizer)
-                stopped = signals.agreed_over_ranks(device) and step < args.steps     # at the last step, simply finish
-                if stopped or (args.save_every and (step % args.save_every == 0 or step == args.steps)):
-                    run.save_checkpoint(args, step, models, questions, wandb_id, fingerprints, tokenizer, rank,
-                                        gap_watch.first)
-                if stopped:
-                    if rank == 0:
-                        print(f"stopped after step {step} of {args.steps}; continue with: --out {args.out} "
-                              f"--resume (status {run.STOPPED}: a launcher's restart or requeue continues it)")
-                    break
-            if not stopped:
-                run.save_final(models.policy, model_dir, tokenizer, args.out, rank, args.preset)
-        finally:
-            signals.restore()
-            log.wandb.finish()
-        dist.barrier()
-        models.engine.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return run.STOPPED if stopped else None
+        return launch.launch_ranks(args.ranks, os.path.abspath(__file__), argv, args.max_restarts or 0, args.out)
+    rank, world_size, device = init_distributed(resume.restart_store())
+    with runfolder.locked(args.out, rank):          # no other run on --out, until this one returns
+        if rank == 0:
+            resume.claim(args.out)
+        earlier = runfolder.earlier_outputs(args.out, args.overwrite, rank) if resume_from is None else []
+        inputs = read_inputs(args, resume_from, rank, world_size)
+        runfolder.remove_outputs(args.out, earlier, rank)          # only now: every input was read and checked
+        with runfolder.console_log(args.out, rank):               # rank 0's console, also into OUT/run.log
+            status = train(args, resume_from, restart, inputs, rank, world_size, device)
+    if dist.is_initialized():                       # the engine's close may have ended it already
+        dist.destroy_process_group()
+    return status
+
+
+def train(args, resume_from, restart, inputs, rank, world_size, device):
+    """Build the models, then the loop: a step, its record, an evaluation every --eval_every steps, a checkpoint every
+    --save_every and at a stop signal. Returns STOPPED after a stop, else None."""
+    model_dir, tokenizer, encode, pairs, fingerprints, eval_set, noise = inputs
+    models = build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
+    # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the world
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, os.cpu_count() // local_ranks))))
+    # The loop's random state: the question order, and the global torch RNG behind the mini-batch order (seeded
+    # after the engine starts, as vLLM seeds the global RNG with its own seed).
+    torch.manual_seed(args.seed)
+    questions, start, wandb_id = Questions.shuffled(pairs, args.seed), 0, secrets.token_hex(4)
+    ceiling = watches.SAMPLER_GAP_CEILING[args.dtype] if args.max_sampler_gap is None else args.max_sampler_gap
+    gap_watch, collapse_watch = watches.SamplerGapWatch(ceiling, args.sampler_gap_factor), watches.CollapseWatch()
+    if resume_from is not None:
+        start, saved_id, gap_watch.first = resume.restore(resume_from, models, questions, args, rank)
+        wandb_id = saved_id or wandb_id                       # kept in checkpoints: a resumed run continues it
+    wandb_run = runfolder.start_wandb(args.wandb, wandb_id, config.config_of(args)) if args.wandb and rank == 0 \
+        else None
+    log = runfolder.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0,
+                               resume_step=start if resume_from else None, wandb_run=wandb_run)
+    if rank == 0:
+        for line in (restart and restart + resume.dropped_note(log.dropped), describe(args, models), noise):
+            if line:
+                print(line, flush=True)
+    if start == 0:
+        evaluate(0, models.engine, eval_set, args, device, log, rank, tokenizer)
+    signals, stopped, step_cfg = launch.StopSignals(args.out, rank), False, StepConfig.of(args)
+    save = lambda step: checkpoint.save_checkpoint(args, config.config_of(args), step, models, questions, wandb_id,
+                                                   fingerprints, tokenizer, rank, gap_watch.first)
+    bar = tqdm(range(start + 1, args.steps + 1), disable=rank != 0, desc=args.method, initial=start, total=args.steps)
+    try:
+        for step in bar:
+            indices, mine = questions.take(args.questions_per_step, rank, world_size)
+            record = training_step(args, step, indices, mine, models, encode, step_cfg, device, world_size)
+            log.write(record)
+            show_step(step, record, bar, (collapse_watch, gap_watch), rank)
+            if step % args.eval_every == 0 or step == args.steps:
+                evaluate(step, models.engine, eval_set, args, device, log, rank, tokenizer)
+            stopped = signals.agreed_over_ranks(device) and step < args.steps     # at the last step, simply finish
+            if stopped or (args.save_every and (step % args.save_every == 0 or step == args.steps)):
+                save(step)
+            if stopped:
+                break
+        if not stopped:
+            checkpoint.save_final(models.policy, model_dir, tokenizer, args.out, rank, args.preset)
+    finally:
+        signals.restore()
+        log.wandb.finish()
+    if stopped and rank == 0:
+        print(f"stopped after step {step} of {args.steps}; continue with: --out {args.out} --resume (status "
+              f"{STOPPED}: a launcher's restart or requeue continues it)")
+    dist.barrier()
+    models.engine.close()
+    return STOPPED if stopped else None
+
+
+def describe(args, models):
+    """The run's first lines (rank 0): its summary (config.summary), having written config.json, and what each weight
+    sync checks."""
+    path = runfolder.write_config(args.out, config.config_of(args))
+    return config.summary(args, checkpoint.disk_bytes(models, args), path) + "\n" + \
+        models.engine.weight_check_report()
 
 
 if __name__ == "__main__":
-    sys.exit(config.exit_on_usage_error(main, "train.py"))
+    sys.exit(exit_on_usage_error(main, "train.py"))

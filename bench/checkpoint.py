@@ -23,9 +23,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import checkpoint  # noqa: E402
+from harness import checkpoint  # noqa: E402
 import config  # noqa: E402
-from sharding import init_distributed, shard  # noqa: E402
+from harness.sharding import init_distributed, shard  # noqa: E402
 
 
 def folder_bytes(path):
@@ -75,7 +75,7 @@ def main():
     ap.add_argument("--model", default=None, help="a Hugging Face model folder (default: the classroom base model)")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    import world
+    from harness import world
     from transformers import AutoTokenizer
     model_dir = args.model or world.base_model_dir()
     # the classroom preset's step, or GPUS.md's CPU step of a real model

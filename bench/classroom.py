@@ -40,7 +40,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import grpo  # noqa: E402
 from grpo import Batch, StepConfig, train_step  # noqa: E402
-from sharding import init_distributed, shard  # noqa: E402
+from config import PRESETS  # noqa: E402
+
+
+def step_config(**settings):
+    """A grpo.StepConfig of the classroom preset, its passes grouped by count unless given, with `settings` changed."""
+    return StepConfig.of({**PRESETS["classroom"], "max_tokens_per_micro_batch": 0, **settings})
+from harness.sharding import init_distributed, shard  # noqa: E402
 from scale import vocab_token_logprobs  # noqa: E402  (the path before chunked log-probs)
 
 
@@ -56,8 +62,8 @@ def matmul_flops(size=2048, repeats=5):
 
 def classroom_batch(seed=0):
     """256 rows: real classroom prompts, responses of 1-48 random tokens (geometric-like lengths)."""
-    import data
-    import world
+    from harness import data
+    from harness import world
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(world.base_model_dir())
     encode = data.prompt_encoder(tok, True)
@@ -81,7 +87,7 @@ def build(dtype=torch.float32, compile_layers=False):
     `compile_layers` compiles the policy's decoder layers only (train.py's flag also compiles the
     reference's)."""
     from transformers import AutoModelForCausalLM
-    import world
+    from harness import world
     load = lambda: AutoModelForCausalLM.from_pretrained(world.base_model_dir(), dtype=torch.float32)
     compute = None if dtype == torch.float32 else dtype
     policy = shard(load(), param_dtype=compute, compile_layers=compile_layers)
@@ -92,7 +98,7 @@ def build(dtype=torch.float32, compile_layers=False):
 def measure(batch, repeats, dtype=torch.float32, budget=None, compile_layers=False):
     """(seconds of the first update, median seconds of the next `repeats`, log-probs of the batch)."""
     policy, ref, optimizer = build(dtype, compile_layers)
-    cfg = StepConfig(micro_batch_size=256, max_tokens_per_micro_batch=budget, max_grad_norm=1e9)
+    cfg = step_config(micro_batch_size=256, max_tokens_per_micro_batch=budget, max_grad_norm=1e9)
     logp = grpo.score(policy, batch, cfg)
     seconds = []
     for _ in range(repeats + 1):
@@ -106,7 +112,7 @@ def profile(batch, compile_layers=False, top=15):
     """A table of the `top` operators by self CPU time in one update of the classroom preset's path."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
     policy, ref, optimizer = build(compile_layers=compile_layers)
-    cfg = StepConfig(micro_batch_size=256, max_tokens_per_micro_batch=4096, max_grad_norm=1e9)
+    cfg = step_config(micro_batch_size=256, max_tokens_per_micro_batch=4096, max_grad_norm=1e9)
     update = lambda: train_step(policy, ref, optimizer, batch, cfg, 1, order=torch.arange(len(batch)))
     for _ in range(2):
         update()
@@ -137,7 +143,7 @@ def main():
     if args.profile:
         return profile(classroom_batch(), args.compile_layers)
     from transformers import AutoConfig
-    import world
+    from harness import world
     config = AutoConfig.from_pretrained(world.base_model_dir())
     n_head = config.vocab_size * config.hidden_size
     model = __import__("transformers").AutoModelForCausalLM.from_config(config)
@@ -162,7 +168,7 @@ def main():
     _, now, logp32 = measure(batch, args.repeats)
     rows.append(("now", now, flops(B * T, R), ""))
     lengths = batch.lengths()
-    passes = grpo.micro_batches_for_all_ranks(lengths, StepConfig(max_tokens_per_micro_batch=4096))
+    passes = grpo.micro_batches_for_all_ranks(lengths, step_config(max_tokens_per_micro_batch=4096))
     computed = sum(len(p) * int(lengths[p].max()) for p in passes)
     _, s, _ = measure(batch, args.repeats, budget=4096)
     rows.append((f"token budget 4096 ({len(passes)} passes)", s, flops(computed, R), ""))

@@ -187,7 +187,7 @@ def engine_checks(backend):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     sys.path.insert(0, ROOT)
-    import world
+    from harness import world
     from rollout import make_engine
     gib = lambda n: f"{n / 2**30:.2f} GiB"
     on_gpu = torch.cuda.is_available()

@@ -41,7 +41,7 @@ starts and summed up by one as it ends (seconds since the process started, impor
 6. checkpoint save, checkpoint load: the policy alone through torch.distributed.checkpoint, as
    checkpoint.py saves and loads the EMA teacher (`get_model_state_dict`, `dcp.save`; `dcp.load`,
    `set_model_state_dict`; its shards resharded first, as `checkpoint.save` does). Between the two
-   every weight is zeroed; the loaded weights must equal the saved ones bit for bit (rollout.checksum
+   every weight is zeroed; the loaded weights must equal the saved ones bit for bit (weightcheck.checksum
    of every shard), or the probe fails.
 7. the steps after the first (--steps, 3 in all), each as in 4.
 
@@ -113,8 +113,9 @@ sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 import config  # noqa: E402
 import grpo  # noqa: E402
 import scale  # noqa: E402   bench/scale.py: the memory account
-import sharding  # noqa: E402
-from rollout import Sample, checksum, make_engine, request_seed  # noqa: E402
+from harness import sharding  # noqa: E402
+from harness.weightcheck import checksum  # noqa: E402
+from rollout import Sample, make_engine, request_seed  # noqa: E402
 
 H200_BF16_DENSE = 989e12              # FLOP/s: the H200's dense bf16 tensor-core peak (1,979e12 is with sparsity)
 H200_BF16_MEASURED = 790e12           # FLOP/s: bf16 matrix products as measured on the H200 these runs use
@@ -166,12 +167,8 @@ def fits(estimate_s, budget_s):
 
 
 def step_config():
-    """grpo.StepConfig from the official preset (as train.step_config makes it from a run's settings)."""
-    return grpo.StepConfig(temperature=OFFICIAL["temperature"], clip_eps=OFFICIAL["clip_eps"],
-                           kl_coef=OFFICIAL["kl_coef"], mini_batches=OFFICIAL["mini_batches"],
-                           micro_batch_size=OFFICIAL["micro_batch_size"],
-                           max_tokens_per_micro_batch=OFFICIAL["max_tokens_per_micro_batch"],
-                           max_grad_norm=OFFICIAL["max_grad_norm"], defer_grad_sync=OFFICIAL["defer_grad_sync"])
+    """grpo.StepConfig from the official preset (as train.py makes it from a run's settings)."""
+    return grpo.StepConfig.of(OFFICIAL)
 
 
 def phase_tensors(phases, name):
@@ -326,7 +323,7 @@ def random_model(shape, device, seed):
 
 def save_model_folder(model, folder):
     """The model and the classroom tokenizer, as a Hugging Face folder."""
-    import world
+    from harness import world
     tokenizer = world.build_tokenizer()
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError("the classroom tokenizer is larger than the model's vocabulary")
@@ -335,7 +332,7 @@ def save_model_folder(model, folder):
 
 
 def shard_checksums(model):
-    """{name: rollout.checksum of this rank's shard}: an exact fingerprint of the weights a checkpoint holds."""
+    """{name: weightcheck.checksum of this rank's shard}: an exact fingerprint of the weights a checkpoint holds."""
     from torch.distributed.tensor import DTensor
     return {name: checksum(p.to_local() if isinstance(p, DTensor) else p) for name, p in model.named_parameters()}
 

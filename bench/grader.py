@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import answers  # noqa: E402
+from harness import answers  # noqa: E402
 
 EVAL_DIR = ROOT / "data" / "eval"
 WORST_CASES = ["9^9^9^9", "2^{2^{2^{2^{2^{2}}}}}", "10^{10^{10}}", "((((2^{1000})^{1000})^{1000})^{1000})",

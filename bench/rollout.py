@@ -35,9 +35,9 @@ VARIANTS = {"now": ({}, {}), "detokenized": ({"detokenize": True}, {}),
 def measure(variant, repeats=6):
     """{rollout: [s], eval: [s], samples: (ids, log-probs, texts) of the first round} of one variant, here."""
     import vllm
-    import data
+    from harness import data
     import rollout
-    import world
+    from harness import world
     from eval import benchmark_prompts
     from rollout import request_seed
     params_change, engine_change = VARIANTS[variant]

@@ -42,13 +42,19 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import checkpoint  # noqa: E402
+from harness import checkpoint  # noqa: E402
 import grpo  # noqa: E402
-import logprobs  # noqa: E402
-import sharding  # noqa: E402
+from harness import logprobs  # noqa: E402
+from harness import sharding  # noqa: E402
 from grpo import Batch, StepConfig, train_step  # noqa: E402
-from logprobs import naive_vocab_logprobs  # noqa: E402
-from sharding import init_distributed, load_sharded, shard  # noqa: E402
+from config import PRESETS  # noqa: E402
+
+
+def step_config(**settings):
+    """A grpo.StepConfig of the classroom preset, its passes grouped by count unless given, with `settings` changed."""
+    return StepConfig.of({**PRESETS["classroom"], "max_tokens_per_micro_batch": 0, **settings})
+from harness.logprobs import naive_vocab_logprobs  # noqa: E402
+from harness.sharding import init_distributed, load_sharded, shard  # noqa: E402
 
 VOCAB = 151_936
 SMALL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=2,
@@ -244,7 +250,7 @@ def print_disk(c, steps):
 def save_small_model(path):
     """The Qwen3-shaped model at the real vocabulary, random-init, with the classroom tokenizer."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
-    import world
+    from harness import world
     tok = world.build_tokenizer()
     if len(tok) > VOCAB:
         raise ValueError("the classroom tokenizer is larger than Qwen3's vocabulary")
@@ -331,7 +337,7 @@ def child_step(model_dir, variant):
     ref = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).requires_grad_(False))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     batch = make_step_batch()
-    cfg = StepConfig(temperature=1.0, kl_coef=0.005, mini_batches=1, micro_batch_size=2,
+    cfg = step_config(temperature=1.0, kl_coef=0.005, mini_batches=1, micro_batch_size=2,
                      max_tokens_per_micro_batch=v.get("budget"), defer_grad_sync=v.get("defer", False))
     passes = grpo.micro_batches_for_all_ranks(batch.lengths(), cfg)
     computed = sum(batch.rows(p).input_ids.shape[1] * len(p) for p in passes)

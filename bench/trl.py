@@ -155,7 +155,7 @@ def save_real_shape_model(path):
     import torch
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-    import world
+    from harness import world
     from bench.scale import SMALL, VOCAB
     classroom = world.build_tokenizer()
     inner = Tokenizer.from_str(classroom.backend_tokenizer.to_str())
@@ -311,9 +311,9 @@ def trl_worker(out, shape, model_dir, steps, micro_batch, checkpointing, use_vll
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    import answers
-    import data
-    import world
+    from harness import answers
+    from harness import data
+    from harness import world
 
     s = SHAPES[shape]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -430,7 +430,7 @@ def main():
     if args.steps <= args.warmup:
         ap.error(f"--steps must exceed --warmup ({args.warmup})")
     import torch
-    import world
+    from harness import world
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = world.base_model_dir()
         if args.shape == "real":

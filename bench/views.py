@@ -22,9 +22,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import data  # noqa: E402
-import world  # noqa: E402
-from answers import extract_answer, is_equiv, majority_vote  # noqa: E402
+from harness import data  # noqa: E402
+from harness import world  # noqa: E402
+from harness.answers import extract_answer, is_equiv, majority_vote  # noqa: E402
 from rollout import make_engine, request_seed  # noqa: E402
 
 

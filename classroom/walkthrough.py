@@ -33,16 +33,16 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # the loop's modules
 
 import config  # noqa: E402
-import data  # noqa: E402
-import run  # noqa: E402
+from harness import data  # noqa: E402
+from harness import watches  # noqa: E402
 import train  # noqa: E402
-import world  # noqa: E402
-from answers import extract_answer, is_equiv, majority_vote  # noqa: E402
+from harness import world  # noqa: E402
+from harness.answers import extract_answer, is_equiv, majority_vote  # noqa: E402
 from grpo import grpo_loss, group_advantages, loss_normalizers_over_ranks, make_batch, score, train_step  # noqa: E402
-from record import Step, step_record_over_ranks  # noqa: E402
+from harness.record import Step, step_record_over_ranks  # noqa: E402
 from rewards import labels_for, rewards_for, twin  # noqa: E402
 from rollout import request_seed  # noqa: E402
-from sharding import gather_full_weights, init_distributed, load_sharded  # noqa: E402
+from harness.sharding import gather_full_weights, init_distributed, load_sharded  # noqa: E402
 from teacher import ema_alpha, ema_update, teacher_rollout  # noqa: E402
 
 STEP = 1                     # the step shown: the run's first
@@ -248,7 +248,7 @@ def walk():
         f"{synced} tensors ({models.engine.dtype}) for {len(list(models.policy.parameters()))} parameters, by their "
         f"Hugging Face names (a tied one under each of its names)",
         f"sampler_gap {stats['sampler_gap_sum'] / stats['tokens']:.1e}: the mean |vLLM - trainer| log-prob per "
-        f"token of this step's responses (a {args.dtype} run stops above {run.SAMPLER_GAP_CEILING[args.dtype]:g})"])
+        f"token of this step's responses (a {args.dtype} run stops above {watches.SAMPLER_GAP_CEILING[args.dtype]:g})"])
 
     keep = torch.ones(len(groups), dtype=torch.bool)                   # --group_filter none: every group trains
     view = [v for v in views for _ in step_pairs]

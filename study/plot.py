@@ -35,7 +35,7 @@ TRAIN_KEYS = (("reward", "reward"), ("label_acc", "label accuracy"), ("rollout_a
               ("distinct_answers", "distinct answers per group"), ("zero_variance", "zero-variance groups"),
               ("common_answer", "questions with the most common answer"), ("truncated", "responses cut at the limit"))
 TRAIN_WINDOW = 10      # training metrics are per step (16 questions on the classroom world): each seed's line is
-                       # its trailing mean over 10 steps, the window of run.py's collapse warning
+                       # its trailing mean over 10 steps, the window of the collapse warning (harness/watches.py)
 
 
 RUN_FOLDER = re.compile(r"(?P<name>.+)_s(?P<seed>[0-9]+)")     # study.py's METHOD_sSEED, METHOD-LABEL_sSEED

@@ -34,10 +34,10 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)                                   # the loop's modules
 
-import checkpoint  # noqa: E402
+from harness import checkpoint  # noqa: E402
 import plot  # noqa: E402
 from rewards import METHODS  # noqa: E402
-from run import CollapseWatch  # noqa: E402
+from harness.watches import CollapseWatch  # noqa: E402
 
 
 LABEL = re.compile(r"[A-Za-z0-9.]+")     # no `-` (the METHOD-LABEL separator) and no `_` (the _sSEED suffix)
@@ -97,7 +97,7 @@ def command(path, method, seed, steps, extra):
 
 
 def first_warning(records):
-    """The step at which the collapse warning (run.py) first fired in a run (replayed from its
+    """The step at which the collapse warning (harness/watches.py) first fired in a run (replayed from its
     metrics, so runs logged before a rule existed are judged by today's rules), or None."""
     watch = CollapseWatch()
     return next((r["step"] for r in records if "unanimous" in r and watch.update(r)), None)

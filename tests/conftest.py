@@ -79,7 +79,7 @@ def shared_folder(tmp_path_factory):
 def dist_world():
     """A process group of one (gloo), as train.py has under `python train.py`. Per test: closing
     a vLLM engine tears down the process group it shares."""
-    from sharding import init_distributed
+    from harness.sharding import init_distributed
     return init_distributed()
 
 
@@ -88,7 +88,7 @@ def tiny_model_dir(tmp_path_factory):
     """A randomly initialised classroom-sized Qwen3 with the classroom tokenizer, saved to disk."""
     import torch
     from transformers import Qwen3ForCausalLM
-    import world
+    from harness import world
     out = str(tmp_path_factory.mktemp("tiny"))
     tok = world.build_tokenizer()
     torch.manual_seed(0)

@@ -16,9 +16,9 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import world  # noqa: E402
+from harness import world  # noqa: E402
 from rollout import make_engine, request_seed  # noqa: E402
-from sharding import init_distributed  # noqa: E402
+from harness.sharding import init_distributed  # noqa: E402
 
 
 def placement(worker):

@@ -24,9 +24,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from grpo import POLICY_LOSS_CLIPS, StepConfig, train_step  # noqa: E402
-from sharding import gather_full_weights, init_distributed, shard  # noqa: E402
-from test_grpo import _batch, _tiny_model  # noqa: E402
+from grpo import POLICY_LOSS_CLIPS, train_step  # noqa: E402
+from harness.sharding import gather_full_weights, init_distributed, shard  # noqa: E402
+from test_grpo import _batch, _tiny_model, step_config  # noqa: E402
 
 N, MINI_BATCHES = 8, 2
 DROPPED = [1, 6]
@@ -52,7 +52,7 @@ def one_step(batch, order, **loss):
     """Full weights after one step of two mini-batches on fresh models."""
     model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    cfg = StepConfig(**{**dict(temperature=0.8, clip_eps=0.2, kl_coef=0.05, mini_batches=MINI_BATCHES,
+    cfg = step_config(**{**dict(temperature=0.8, clip_eps=0.2, kl_coef=0.05, mini_batches=MINI_BATCHES,
                                micro_batch_size=3, max_grad_norm=1e9), **loss})
     train_step(model, ref, opt, batch, cfg, world, order=order)
     return {k: v.clone() for k, v in gather_full_weights(model)}

@@ -28,9 +28,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from grpo import NonFiniteError, StepConfig, train_step  # noqa: E402
-from sharding import gather_full_weights, init_distributed, shard  # noqa: E402
-from test_grpo import _batch, _tiny_model  # noqa: E402
+from grpo import train_step  # noqa: E402
+from harness.errors import NonFiniteError  # noqa: E402
+from harness.sharding import gather_full_weights, init_distributed, shard  # noqa: E402
+from test_grpo import _batch, _tiny_model, step_config  # noqa: E402
 
 N, MINI_BATCHES = 8, 2
 
@@ -41,7 +42,7 @@ def one_step(batch, mini_batches, order, **split):
     # plain SGD and no clipping: unlike Adam's or clipping's, its update scales with the gradient,
     # so a wrong normalisation across ranks shows
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    cfg = StepConfig(temperature=0.8, clip_eps=0.2, kl_coef=0.05, mini_batches=mini_batches, micro_batch_size=3,
+    cfg = step_config(temperature=0.8, clip_eps=0.2, kl_coef=0.05, mini_batches=mini_batches, micro_batch_size=3,
                      max_grad_norm=1e9, **split)
     start = {k: v.clone() for k, v in gather_full_weights(model)}
     try:

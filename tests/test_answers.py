@@ -24,8 +24,8 @@ import pytest
 import sympy
 from sympy.core.operations import AssocOp
 
-import answers
-from answers import MAX_BITS, extract_answer, is_equiv, majority_vote, normalize
+from harness import answers
+from harness.answers import MAX_BITS, extract_answer, is_equiv, majority_vote, normalize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -545,7 +545,7 @@ ADVERSARIAL = [
 # these tests fail instead of hanging the whole run.
 GRADE_ADVERSARIAL = """
 import json, sys
-from answers import extract_answer, is_equiv, majority_vote
+from harness.answers import extract_answer, is_equiv, majority_vote
 for answer in json.load(sys.stdin):
     verdicts = [is_equiv(answer, "1"), is_equiv(answer, answer + "+1")]
     vote = majority_vote([answer, "2", answer + "1", "\\\\boxed{" + answer])

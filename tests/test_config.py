@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import config
+from harness import errors
 from conftest import ROOT
 
 from rewards import METHODS
@@ -145,7 +146,7 @@ def test_a_checkpoint_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):
     (step / "config.json").write_text(json.dumps(saved))
     args, path = config.resume_settings(config.parse_args(["--resume", str(step)]))
     assert (args.rollout_correction, args.rollout_correction_cap) == ("none", 2.0) and path == str(step)
-    with pytest.raises(config.RefusedSetting, match="--rollout_correction tis differs from the checkpoint's none"):
+    with pytest.raises(errors.RefusedSetting, match="--rollout_correction tis differs from the checkpoint's none"):
         config.resume_settings(config.parse_args(["--resume", str(step), "--rollout_correction", "tis"]))
 
 
@@ -167,7 +168,7 @@ def test_wandb_without_the_package_is_refused_before_anything_runs(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     args = config.parse_args(["--method", "gt", "--wandb", "proj"])
-    with pytest.raises(config.UsageError, match="--wandb proj needs the wandb package: pip install wandb"):
+    with pytest.raises(errors.UsageError, match="--wandb proj needs the wandb package: pip install wandb"):
         config.check_settings(args, 1)
 
 
@@ -185,7 +186,7 @@ def test_the_engine_is_vllm_where_it_is_installed_and_transformers_elsewhere():
     assert config.PRESETS["classroom"]["backend"] == config.PRESETS["official"]["backend"] == "auto"
     if config.vllm_installed():
         assert config.choose_backend("auto") == ("vllm", "auto: vLLM is installed")
-    args, _ = config.settings(["--method", "gt"])
+    args, _ = config.settings(config.parse_args(["--method", "gt"]))
     assert args.backend in ("vllm", "hf") and args.backend_reason.startswith("auto: ")
     assert "backend_reason" not in config.config_of(args)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import data
+from harness import data
 import rephrase
 from conftest import ROOT
 from rephrase import END, START, parse_rephrased
@@ -88,7 +88,7 @@ def test_unknown_sources_are_refused_clearly(tmp_path):
 
 
 def test_a_hub_id_offline_is_a_clear_error():
-    code = "import data; data.load_pairs('someone/some-pairs')"
+    code = "from harness import data; data.load_pairs('someone/some-pairs')"
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode != 0
@@ -182,7 +182,7 @@ def test_the_shipped_verl_pairs_carry_the_index_and_load_as_joined_by_row(name, 
     """The authors' layout: every row of both files carries extra_info.index, each once, the same in the same row
     (dapo's run from 0 to 14115 with gaps: an identifier, not a row number). Joined by it, the pairs are those a join
     by row gave, and so are the questions' fingerprint a checkpoint holds (the value before the join by index)."""
-    import checkpoint
+    from harness import checkpoint
     original, rephrased = (os.path.join(data.DATA_DIR, f) for f in data.SHIPPED_VERL_PAIRS[name])
     frames = data.read_parquet(original), data.read_parquet(rephrased)
     index = data.verl_index(frames[0], original)
@@ -396,7 +396,7 @@ CLASSROOM_QUESTION = "Zoe fills 10 baskets , putting 5 oranges in every one , an
 
 def _classroom_tokenizer():
     from transformers import AutoTokenizer
-    import world
+    from harness import world
     return AutoTokenizer.from_pretrained(world.BASE_DIR)
 
 

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-import data
-import world
-from answers import extract_answer
+from harness import data
+from harness import world
+from harness.answers import extract_answer
 from baseline import last_number, table
 from conftest import ROOT
 from format_warmup import solution_text, warmup_batch

@@ -154,7 +154,7 @@ def test_a_step_s_memory_windows_are_the_reference_each_pass_and_adamw(dist_worl
     """StepWindows opens a window at each forward of the policy: the reference's scoring, one per pass, AdamW's
     step. A stand-in allocator whose peak is the mark's count shows which window each peak came from."""
     import grpo
-    from sharding import shard
+    from harness.sharding import shard
     from transformers import Qwen3Config, Qwen3ForCausalLM
     probe = load_bench("gpu_probe")
 

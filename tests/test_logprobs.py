@@ -3,11 +3,11 @@ entropies and the answer-free rewards' per-token terms, chunk by chunk."""
 import pytest
 import torch
 
-import logprobs
-from grpo import StepConfig, score_responses
-from logprobs import naive_logprobs, naive_vocab_logprobs, token_logprobs
+from harness import logprobs
+from grpo import score_responses
+from harness.logprobs import naive_logprobs, naive_vocab_logprobs, token_logprobs
 from rewards import METHODS
-from test_grpo import _batch, _tiny_model
+from test_grpo import _batch, _tiny_model, step_config
 
 
 @pytest.mark.parametrize("chunk", [1024, 5])
@@ -43,7 +43,7 @@ def test_chunked_answer_free_rewards_match_the_naive_formula(dist_world, monkeyp
     monkeypatch.setattr(logprobs, "LOGIT_CHUNK", 5)
     b, temperature = _batch(), 0.7
     model = _tiny_model()
-    cfg = StepConfig(temperature=temperature, micro_batch_size=4)
+    cfg = step_config(temperature=temperature, micro_batch_size=4)
     rewards = score_responses(model, b, cfg, METHODS[method].reward)
     with torch.no_grad():
         logp_all = naive_vocab_logprobs(model, b.input_ids, temperature)                # [B, T-1, V]

@@ -13,16 +13,22 @@ import pytest
 import torch
 
 import grpo
-from grpo import Batch, StepConfig, group_advantages
-from logprobs import naive_vocab_logprobs, token_logprobs
+from grpo import Batch, group_advantages
+from harness.logprobs import naive_vocab_logprobs, token_logprobs
 from conftest import ROOT
-from test_grpo import _batch, _tiny_model
+from test_grpo import _batch, _tiny_model, step_config
 
 LN = math.log
 
 
 # --------------------------------------------------------------------------------------------
 # The formulas as verl and TRL write them, restated
+
+
+def overlong(name, rewards, lengths, truncated, max_len=48, buffer=8):
+    """A row of grpo.OVERLONG_TABLE, called as grpo.update calls it."""
+    return grpo.call(grpo.OVERLONGS[name], rewards=rewards, lengths=lengths, truncated=truncated, max_len=max_len,
+                     buffer=buffer)
 
 def verl_vanilla(logp, old, adv, low, high):
     """verl's vanilla PPO loss per token (no dual clip): the larger of -A ρ and -A clip(ρ, 1 - low, 1 + high); and its
@@ -184,7 +190,7 @@ def test_token_clip_by_hand_with_clip_higher(dist_world):
     1.25 too: -2.4. Through grpo_loss with token_mean the loss is the terms' sum over 6 tokens."""
     logp = TOKEN_LOGP.clone().requires_grad_(True)
     old = _from_ratios(TOKEN_LOGP, TOKEN_RATIOS)
-    cfg = StepConfig(clip_eps=0.2, clip_high=0.28, kl_coef=0.0, loss_agg="token_mean")
+    cfg = step_config(clip_eps=0.2, clip_high=0.28, kl_coef=0.0, loss_agg="token_mean")
     loss, terms = _loss(logp, old, TOKEN_ADV, TOKEN_MASK, cfg)
     expected = torch.tensor([[-2.5, -2.56, -1.4, 0.0], [0.8, 0.85, 1.5, 0.0]])
     assert torch.allclose(terms["policy"], expected, atol=1e-6)
@@ -194,9 +200,10 @@ def test_token_clip_by_hand_with_clip_higher(dist_world):
     loss.backward()
     assert torch.allclose(logp.grad * 6, torch.tensor([[-2.5, 0, -1.4, 0], [0, 0.85, 1.5, 0]]), atol=1e-6)
     # the row itself, and a symmetric clip through grpo_loss
-    term, low, high = grpo.POLICY_LOSSES["clip"](TOKEN_LOGP, old, TOKEN_ADV[:, None], TOKEN_MASK, 0.2, 0.28)
+    term, low, high = grpo.call(grpo.POLICY_LOSSES["clip"], logp=TOKEN_LOGP, old_logp=old, adv=TOKEN_ADV[:, None],
+                                      mask=TOKEN_MASK, low=0.2, high=0.28)
     assert torch.allclose(term * TOKEN_MASK, expected, atol=1e-6)
-    _, sym = _loss(TOKEN_LOGP, old, TOKEN_ADV, TOKEN_MASK, StepConfig(clip_eps=0.2, kl_coef=0.0))
+    _, sym = _loss(TOKEN_LOGP, old, TOKEN_ADV, TOKEN_MASK, step_config(clip_eps=0.2, kl_coef=0.0))
     assert torch.allclose(sym["policy"], torch.tensor([[-2.4, -2.4, -1.4, 0.0], [0.8, 0.85, 1.5, 0.0]]), atol=1e-6)
     assert (sym["clipped_high"] * TOKEN_MASK).tolist() == [[1, 1, 0, 0], [0, 0, 0, 0]]
 
@@ -224,7 +231,7 @@ def test_sequence_clip_gspo_by_hand(dist_world):
     old = logp.detach() - SEQ_LOG_RATIOS
     s = [math.exp(0.2 / 3), math.exp(0.35), math.exp(-0.3), math.exp(0.1), math.exp(10.0)]
     per_row = [-s[0], -1.28, 0.8, -2 * s[3], s[4]]
-    cfg = StepConfig(clip_eps=0.2, clip_high=0.28, kl_coef=0.0, policy_loss="gspo", loss_agg="seq_mean_token_mean")
+    cfg = step_config(clip_eps=0.2, clip_high=0.28, kl_coef=0.0, policy_loss="gspo", loss_agg="seq_mean_token_mean")
     loss, terms = _loss(logp, old, SEQ_ADV, SEQ_MASK, cfg)
     expected = torch.tensor(per_row)[:, None] * SEQ_MASK
     assert torch.allclose(terms["policy"], expected, rtol=1e-6, atol=1e-6)
@@ -248,7 +255,8 @@ def test_clipped_weight_cispo_by_hand():
     low, high = grpo.POLICY_LOSS_CLIPS["cispo"]
     logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     old = _from_ratios(logp.detach(), [[0.5, 3.0, 6.0]])
-    term, below, above = grpo.POLICY_LOSSES["cispo"](logp, old, torch.tensor([[2.0]]), torch.ones(1, 3), low, high)
+    term, below, above = grpo.call(grpo.POLICY_LOSSES["cispo"], logp=logp, old_logp=old, adv=torch.tensor([[2.0]]),
+                                    mask=torch.ones(1, 3), low=low, high=high)
     assert torch.allclose(term, torch.tensor([[1.0, 12.0, 5.0]]), atol=1e-5)
     assert below.tolist() == [[False] * 3] and above.tolist() == [[False, False, True]]
     term.sum().backward()
@@ -256,7 +264,8 @@ def test_clipped_weight_cispo_by_hand():
 
     logp = torch.tensor([[-1.0, -0.5, -2.0]], requires_grad=True)
     old = _from_ratios(logp.detach(), [[0.5, 1.0, 2.0]])
-    term, below, above = grpo.POLICY_LOSSES["cispo"](logp, old, torch.tensor([[-1.0]]), torch.ones(1, 3), 0.2, 0.28)
+    term, below, above = grpo.call(grpo.POLICY_LOSSES["cispo"], logp=logp, old_logp=old, adv=torch.tensor([[-1.0]]),
+                                    mask=torch.ones(1, 3), low=0.2, high=0.28)
     assert torch.allclose(term, torch.tensor([[-0.8, -0.5, -2.56]]), atol=1e-6)
     assert below.tolist() == [[True, False, False]] and above.tolist() == [[False, False, True]]
     term.sum().backward()
@@ -289,7 +298,7 @@ def test_token_clip_equals_verls_vanilla_loss(dist_world):
     (low | high) are verl's pg_clipfrac indicator, clipped > unclipped, on every response token."""
     logp, old, _, adv, mask, _, _ = _random_batch()
     logp.requires_grad_(True)
-    cfg = StepConfig(clip_eps=0.2, clip_high=0.28, kl_coef=0.0, loss_agg="token_mean")
+    cfg = step_config(clip_eps=0.2, clip_high=0.28, kl_coef=0.0, loss_agg="token_mean")
     loss, terms = _loss(logp, old, adv, mask, cfg)
     verl, verl_clipped = verl_vanilla(logp, old, adv[:, None], 0.2, 0.28)
     expected = verl_token_mean(verl, mask, None, None)
@@ -314,7 +323,7 @@ def test_sequence_clip_equals_verls_gspo(dist_world):
     for low, high, scale in ((0.2, 0.28, 1.0), (*grpo.POLICY_LOSS_CLIPS["gspo"], 2e-3)):
         old_s = logp - scale * (offset + logp - old)
         x = logp.clone().requires_grad_(True)
-        cfg = StepConfig(clip_eps=low, clip_high=high, kl_coef=0.0, policy_loss="gspo", loss_agg="seq_mean_token_mean")
+        cfg = step_config(clip_eps=low, clip_high=high, kl_coef=0.0, policy_loss="gspo", loss_agg="seq_mean_token_mean")
         loss, terms = _loss(x, old_s, adv, mask, cfg)
         verl, verl_clipped = verl_gspo(x, old_s, adv[:, None], mask, low, high)
         expected = verl_seq_mean_token_mean(verl, mask, None, None)
@@ -340,7 +349,8 @@ def test_clipped_weight_equals_verls_and_trls_cispo(dist_world):
     logp, old, _, adv, mask, _, _ = _random_batch(seed=2, spread=1.0)
     low, high = grpo.POLICY_LOSS_CLIPS["cispo"]
     x = logp.clone().requires_grad_(True)
-    term, below, above = grpo.POLICY_LOSSES["cispo"](x, old, adv[:, None], mask, low, high)
+    term, below, above = grpo.call(grpo.POLICY_LOSSES["cispo"], logp=x, old_logp=old, adv=adv[:, None], mask=mask, low=low,
+                                    high=high)
     verl, verl_clipped = verl_cispo(x, old, adv[:, None], low, high)
     trl = trl_cispo(x, old, adv[:, None], high + 1)
     assert ((torch.exp(logp - old) > 5) * mask).sum() > 0
@@ -350,7 +360,7 @@ def test_clipped_weight_equals_verls_and_trls_cispo(dist_world):
     for other in (verl, trl):
         theirs, = torch.autograd.grad((other * mask).sum(), x)
         assert torch.allclose(ours, theirs, atol=1e-6)
-    cfg = StepConfig(clip_eps=low, clip_high=high, kl_coef=0.0, policy_loss="cispo", loss_agg="token_mean")
+    cfg = step_config(clip_eps=low, clip_high=high, kl_coef=0.0, policy_loss="cispo", loss_agg="token_mean")
     loss, _ = _loss(x, old, adv, mask, cfg)
     assert loss.item() == pytest.approx(trl_dapo(trl, mask, None, None).item(), rel=1e-6)
 
@@ -370,7 +380,7 @@ def test_each_aggregation_equals_verl_and_trl(dist_world, agg):
     max_completion_length 48 (StepConfig.max_response_len)."""
     logp, old, ref, adv, mask, entropy, view = _random_batch(seed=3)
     logp.requires_grad_(True)
-    cfg = StepConfig(clip_eps=0.2, clip_high=0.28, kl_coef=0.05, entropy_coef=0.01, loss_agg=agg)
+    cfg = step_config(clip_eps=0.2, clip_high=0.28, kl_coef=0.05, entropy_coef=0.01, loss_agg=agg)
     loss, terms = _loss(logp, old, adv, mask, cfg, view=view, ref=ref, entropy=entropy)
     per_token = _per_token_reference(logp, old, ref, adv, mask, entropy, 0.2, 0.28, 0.05, 0.01)
     assert torch.allclose(terms["policy"] + terms["kl"] + terms["entropy"], per_token.detach() * mask, atol=1e-6)
@@ -399,7 +409,7 @@ def test_a_dropped_row_leaves_every_denominator(dist_world, agg):
     weight = keep[:, None].float().expand_as(mask).clone()
     n = grpo.loss_normalizers_over_ranks(mask * weight, view, 1, 48)
     assert n.sequences.item() == 4 and n.tokens.item() == 11 and n.view_tokens.tolist() == [5.0, 6.0]
-    cfg = StepConfig(clip_eps=0.2, clip_high=0.28, kl_coef=0.05, entropy_coef=0.01, loss_agg=agg)
+    cfg = step_config(clip_eps=0.2, clip_high=0.28, kl_coef=0.05, entropy_coef=0.01, loss_agg=agg)
     loss, _ = _loss(logp, old, adv, mask, cfg, view=view, weight=weight, ref=ref, entropy=entropy)
     ours, = torch.autograd.grad(loss, logp)
     assert ours[~keep].abs().sum() == 0 and ours[keep].abs().sum() > 0
@@ -451,11 +461,11 @@ def test_soft_overlong_by_hand_and_against_dapo_and_trl():
     lengths = torch.tensor([[10.0, 40.0, 41.0], [44.0, 47.0, 48.0]])
     rewards = torch.tensor([[1.0, 0.0, 1.0], [0.5, 1.0, 0.0]])
     truncated = lengths == 48
-    shaped, weight = grpo.OVERLONGS["soft"](rewards, lengths, truncated, 48, 8)
+    shaped, weight = overlong("soft", rewards, lengths, truncated)
     assert torch.allclose(shaped, rewards + torch.tensor([[0.0, 0.0, -0.125], [-0.5, -0.875, -1.0]]), atol=1e-7)
     assert torch.equal(weight, torch.ones(2, 3))
     every = torch.arange(1, 49, dtype=torch.float32)[None]
-    penalty, _ = grpo.OVERLONGS["soft"](torch.zeros_like(every), every, every == 48, 48, 8)
+    penalty, _ = overlong("soft", torch.zeros_like(every), every, every == 48)
     for L, p in zip(range(1, 49), penalty[0].tolist()):
         assert p == pytest.approx(dapo_overlong(L, 48, 8), abs=1e-7) == pytest.approx(trl_soft_overlong(L, 48, 8)), L
 
@@ -466,9 +476,9 @@ def test_mask_and_none_overlong_by_hand():
     lengths = torch.tensor([[48.0, 12.0, 48.0], [30.0, 48.0, 47.0]])
     truncated = torch.tensor([[True, False, True], [False, True, False]])
     rewards = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 1.0]])
-    shaped, weight = grpo.OVERLONGS["mask"](rewards, lengths, truncated, 48, 8)
+    shaped, weight = overlong("mask", rewards, lengths, truncated)
     assert torch.equal(shaped, rewards) and weight.tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 1.0]]
-    shaped, weight = grpo.OVERLONGS["none"](rewards, lengths, truncated, 48, 8)
+    shaped, weight = overlong("none", rewards, lengths, truncated)
     assert torch.equal(shaped, rewards) and torch.equal(weight, torch.ones(2, 3))
 
 
@@ -486,7 +496,7 @@ def test_entropy_bonus_gradient_matches_plain_autograd(dist_world):
         model.lm_head.weight.mul_(8)
     temperature, beta, coef = 0.7, 0.05, 0.1
     g = torch.Generator().manual_seed(6)
-    cfg = StepConfig(temperature=temperature, clip_eps=0.2, clip_high=0.28, kl_coef=beta, entropy_coef=coef,
+    cfg = step_config(temperature=temperature, clip_eps=0.2, clip_high=0.28, kl_coef=beta, entropy_coef=coef,
                      loss_agg="token_mean")
     params = list(model.parameters())
 

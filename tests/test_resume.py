@@ -23,9 +23,9 @@ import time
 import pytest
 import torch
 
-import checkpoint
+from harness import checkpoint
 import config
-import run
+from harness import errors, resume, runfolder
 import train
 from conftest import ROOT, THREADS
 
@@ -188,7 +188,7 @@ def test_a_question_gets_the_same_samples_at_one_and_two_ranks(uninterrupted):
 
 def test_a_preempted_run_then_a_kill_during_a_save_each_resume_to_the_uninterrupted_run(tmp_path, uninterrupted):
     """Two interruptions of one run, each resumed. A scheduler's preemption (SIGTERM): the run finishes the step it
-    is in, writes a checkpoint there (between the --save_every ones) and exits with run.STOPPED (75: a launcher's
+    is in, writes a checkpoint there (between the --save_every ones) and exits with errors.STOPPED (75: a launcher's
     restart or a requeue continues it). Its resume is then killed (SIGKILL,
     tests/train_killed_in_save.py) in the save of the last step, once every part is written and before it is
     published: the half-written save is left under its temporary name, and --resume goes on from the newest
@@ -200,7 +200,7 @@ def test_a_preempted_run_then_a_kill_during_a_save_each_resume_to_the_uninterrup
         assert proc.poll() is None, open(f"{out}.log").read()[-4000:]
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    finish(proc, out, status=run.STOPPED)
+    finish(proc, out, status=errors.STOPPED)
     log = open(f"{out}.log").read()
     stopped = max(logged_steps(out))
     assert stopped < STEPS and f"stopped after step {stopped} of {STEPS}" in log
@@ -544,7 +544,7 @@ def test_resuming_an_older_checkpoint_moves_what_came_after_it_aside(tmp_path, c
         (tmp_path / "checkpoints" / f"step_{step}" / "trainer.pt").write_text(str(step))
     (tmp_path / "final").mkdir()
     (tmp_path / "final" / "model.safetensors").write_text("the model of step 6")
-    run.prepare_resume(str(tmp_path), 2, 6)
+    resume.prepare_resume(str(tmp_path), 2, 6)
     assert [name for name in os.listdir(tmp_path / "checkpoints")] == ["step_2"]
     (aside,) = (tmp_path / "superseded").iterdir()
     assert sorted(os.listdir(aside)) == ["final", "step_4", "step_6"]
@@ -556,7 +556,7 @@ def test_resuming_an_older_checkpoint_moves_what_came_after_it_aside(tmp_path, c
 def test_a_resume_on_other_questions_or_another_start_model_is_refused(saved_run, monkeypatch):
     """The checkpoint's data order indexes the question list, and the frozen reference is reloaded
     from --model: a resume checks both fingerprints before loading any model, and names what changed."""
-    import world
+    from harness import world
     out, _ = saved_run
     model = checkpoint.model_fingerprint(world.base_model_dir())
     torch.save({"fingerprints": {"questions": {"questions": 3, "sha256": "0" * 64},
@@ -572,7 +572,7 @@ def test_a_resume_on_other_questions_or_another_start_model_is_refused(saved_run
 
 def test_fingerprints_by_hand(tmp_path):
     """A model file changed in one sampled block, and a question list with one answer changed, are told apart."""
-    from data import Pair
+    from harness.data import Pair
     (tmp_path / "config.json").write_text("{}")
     big = bytearray(checkpoint.FULL_HASH_BYTES + (8 << 20))
     (tmp_path / "model.safetensors").write_bytes(big)
@@ -591,7 +591,7 @@ def test_a_resume_that_crosses_an_epoch_boundary_equals_the_uninterrupted_run(tm
     """12 questions, 8 a step: step 2 starts a new epoch, with a new shuffle drawn from the generator
     the checkpoint of step 1 restored. Killed after step 2 and resumed from step 1, the run samples
     steps 2 and 3 as the uninterrupted one did."""
-    import data
+    from harness import data
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({"problem": p.original, "answer": p.answer}) + "\n"
                                  for p in data.classroom_pairs("train")[:12]))
@@ -611,7 +611,7 @@ def test_metrics_lines_stay_whole_when_one_was_cut_before_its_newline(tmp_path):
     resumed log gives it its newline, so that the next record does not join it."""
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0, "eval_acc": 0.1}\n{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.6}')
-    log = run.MetricsLog(str(path), True, resume_step=2)
+    log = runfolder.MetricsLog(str(path), True, resume_step=2)
     log.write({"step": 3, "reward": 0.7})
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
 
@@ -661,8 +661,8 @@ def test_a_checkpoint_is_on_disk_before_its_rename_publishes_it(dist_world, tmp_
     """Every file and folder of step_S.partial/ is fsynced before the rename to step_S/, and the
     checkpoints/ folder after it: a crash of the machine never leaves a step_S/ with a torn file."""
     from transformers import AutoTokenizer
-    import world
-    from sharding import shard
+    from harness import world
+    from harness.sharding import shard
     from test_grpo import _tiny_model
     events, real_fsync, real_rename = [], os.fsync, os.rename
 

@@ -70,7 +70,7 @@ def test_label_free_diagnostics_by_hand():
     """Unanimous: every response answered, one answer among them ("1/2" and "0.5" are one); distinct
     answers: classes of equal answers, no answer not counted; zero variance: all rewards equal."""
     import torch
-    from rewards import group_diagnostics
+    from harness.record import group_diagnostics
     answers = [
         ["1/2", "0.5", "\\frac12", "1/2"],    # unanimous, 1 distinct
         ["3", "3", None, "3"],                # one answer but a response without: not unanimous; 1 distinct
@@ -84,7 +84,7 @@ def test_label_free_diagnostics_by_hand():
 def test_common_answer_share_by_hand():
     """The largest class of equal majority answers over all groups, divided by the number of groups
     (groups without a vote count in the denominator only)."""
-    from rewards import common_answer_share
+    from harness.record import common_answer_share
     assert common_answer_share(["72", "0.5", "72.0", "\\frac12", "1/2", "9", None, None]) == 3 / 8   # {0.5, 1/2, 1/2}
     assert common_answer_share(["1", "2", "3", "4"]) == 1 / 4
     assert common_answer_share([None, None]) == 0.0 and common_answer_share([]) == 0.0
@@ -150,7 +150,7 @@ def official_co_rewarding_III(policy, teacher):
 
 
 def coreward3_rewards(policy, teacher):
-    from answers import extract_answer
+    from harness.answers import extract_answer
     from rewards import METHODS, label_groups
     answers = [[extract_answer(r) for r in g] for g in _responses(policy)]
     teacher_answers = [[extract_answer(r) for r in g] for g in _responses(teacher)]
@@ -198,7 +198,7 @@ def test_a_vote_over_both_views_gives_the_two_groups_one_label_even_on_a_tie():
     labels, voters = label_groups("coreward1_union", ANSWERS, GOLD)
     assert labels == ["3", "7", "3", "7"]
     assert voters[0] == voters[2] == ANSWERS[0] + ANSWERS[2] and voters[1] == voters[3] == ANSWERS[1] + ANSWERS[3]
-    from answers import majority_vote
+    from harness.answers import majority_vote
     assert majority_vote(ANSWERS[2] + ANSWERS[0]) == "5"                 # the order that would split the label
 
 

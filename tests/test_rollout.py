@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-import world
-from logprobs import token_logprobs
+from harness import world
+from harness.logprobs import token_logprobs
 from rollout import SEED_STRIDE, make_engine, request_seed
 
 TOL = 1e-4
@@ -175,7 +175,7 @@ def test_a_request_in_chunks_samples_what_it_samples_in_one_batch(threads):
     each chunk's batch shrinks to its riders (HFEngine.generate_chunk) long before the whole request's does. In two
     threads, the CPU kernels (MKL's sgemm, the attention) split a batch by its size, and a row's log-probs differ
     in the last bits: the tokens are the same."""
-    import data
+    from harness import data
     from rollout import GEMM_ROWS
     engine = make_engine("hf", world.base_model_dir(), max_prompt_len=64, max_response_len=48)
     encode = data.prompt_encoder(engine.tokenizer, classroom=True)

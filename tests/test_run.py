@@ -1,4 +1,4 @@
-"""run.py: a run's folder is its own (two runs never share one, a run's workers stop when their
+"""The run folder (harness/runfolder.py): a run's folder is its own (two runs never share one, a run's workers stop when their
 launcher is gone and keep a resume out until they do), the collapse watch, and wandb only when asked.
 
 Each run is a `train.py` process in a session of its own, as in test_resume.py."""
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-import run
+from harness import checkpoint, runfolder, watches
 from conftest import ROOT
 from test_resume import _free_port, _state, process_tree, records
 
@@ -102,19 +102,19 @@ def test_the_collapse_warning_fires_on_a_collapsing_run_and_not_on_a_healthy_one
     answering is warned too."""
     collapsing = _trajectory([min(1.0, 0.1 + 0.03 * i) for i in range(40)],
                              [min(1.0, 0.2 + 0.03 * i) for i in range(40)])
-    watch = run.CollapseWatch()
+    watch = watches.CollapseWatch()
     warned = [(r["step"], w) for r in collapsing if (w := watch.update(r))]
     # zero_variance at step s is 0.2 + 0.03 (s - 1): its mean over steps 17..26 is 0.2 + 0.03 x 20.5 = 0.815,
     # the first window at 0.8 or more (steps 16..25: 0.785), printed 0.82; unanimous stays 0.1 lower
     assert [s for s, _ in warned] == [26] and "zero_variance 0.82" in warned[0][1] and "collapsing" in warned[0][1]
     healthy = _trajectory([0.3 + 0.05 * (i % 3) for i in range(60)], [0.5 + 0.1 * (i % 2) for i in range(60)])
-    watch = run.CollapseWatch()
+    watch = watches.CollapseWatch()
     assert not any(watch.update(r) for r in healthy)
     silent = _trajectory([0.0] * 20, [0.3] * 20, no_answer=0.9)
-    watch = run.CollapseWatch()
+    watch = watches.CollapseWatch()
     assert [r["step"] for r in silent if watch.update(r)] == [10]
     babbling = _trajectory([0.0] * 20, [0.3] * 20, truncated=0.95)
-    watch = run.CollapseWatch()
+    watch = watches.CollapseWatch()
     assert [r["step"] for r in babbling if watch.update(r)] == [10]
 
 
@@ -124,7 +124,7 @@ def test_the_collapse_warning_fires_when_every_question_gets_one_answer():
     step; its mean over steps s-9..s is 0.1 + 0.02 (s - 5.5), first >= 0.2 at s = 10.5 -> step 11."""
     rising = [min(0.7, 0.1 + 0.02 * i) for i in range(40)]
     hacked = _trajectory([0.2] * 40, [0.4] * 40, common_answer=rising)
-    watch = run.CollapseWatch()
+    watch = watches.CollapseWatch()
     warned = [(r["step"], w) for r in hacked if (w := watch.update(r))]
     assert [s for s, _ in warned] == [11] and "common_answer 0.21" in warned[0][1]
 
@@ -132,7 +132,7 @@ def test_the_collapse_warning_fires_when_every_question_gets_one_answer():
 def test_wandb_is_not_needed_without_the_flag(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)          # `import wandb` fails
     with pytest.raises(ImportError, match="--wandb needs the wandb package"):
-        run.start_wandb("proj", "abc", {})
+        runfolder.start_wandb("proj", "abc", {})
 
 
 def _hub_cache(root, repo_id, model_dir):
@@ -152,35 +152,35 @@ def test_a_hub_id_is_resolved_from_the_cache_and_a_missing_folder_is_refused_at_
     a path that names no folder is refused as one, not looked up on the hub; an id that is neither cached
     nor downloadable (offline) fails at once, naming the fixes."""
     import huggingface_hub.constants
-    import world
+    from harness import world
     snapshot = _hub_cache(tmp_path / "hub", "org/classroom", world.base_model_dir())
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    assert run.model_folder_for_all_ranks("org/classroom") == snapshot
-    assert run.model_folder_for_all_ranks(world.base_model_dir()) == world.base_model_dir()
+    assert checkpoint.model_folder_for_all_ranks("org/classroom") == snapshot
+    assert checkpoint.model_folder_for_all_ranks(world.base_model_dir()) == world.base_model_dir()
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
     (tmp_path / "notes.txt").write_text("")
     for missing in ("/nonexistent/model", "runs/coreward1/final", "models/smollm2-135m", "./qwen", "notes.txt"):
         t0 = time.perf_counter()
         with pytest.raises(FileNotFoundError, match=f"--model {missing}: no such folder"):
-            run.model_folder_for_all_ranks(missing)
+            checkpoint.model_folder_for_all_ranks(missing)
         assert time.perf_counter() - t0 < 1
     with pytest.raises(FileNotFoundError, match="the folder holds no config.json"):
-        run.model_folder_for_all_ranks("models")
+        checkpoint.model_folder_for_all_ranks("models")
     t0 = time.perf_counter()
     with pytest.raises(FileNotFoundError, match=r"--model org/other is no folder here, and as a Hugging Face id it "
                                                 r"is neither in the cache .* nor could it be downloaded "
                                                 r".*huggingface-cli download org/other"):
-        run.model_folder_for_all_ranks("org/other")
+        checkpoint.model_folder_for_all_ranks("org/other")
     assert time.perf_counter() - t0 < 5
 
 
 def test_a_run_from_a_hub_id_offline_trains_on_the_cached_snapshot(tmp_path):
     """train.py --model org/classroom with HF_HUB_OFFLINE=1 and a cache that holds it: the run trains, and
     its fingerprint is the snapshot's files."""
-    import world
-    from checkpoint import model_fingerprint
+    from harness import world
+    from harness.checkpoint import model_fingerprint
     snapshot = _hub_cache(tmp_path / "hub", "org/classroom", world.base_model_dir())
     out = tmp_path / "run"
     res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--model", "org/classroom", "--preset",
@@ -190,7 +190,7 @@ def test_a_run_from_a_hub_id_offline_trains_on_the_cached_snapshot(tmp_path):
                               "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     assert [r["step"] for r in records(out) if "reward" in r] == [1]
-    from checkpoint import read_trainer_state
+    from harness.checkpoint import read_trainer_state
     saved = read_trainer_state(str(out / "checkpoints" / "step_1"))
     assert saved["fingerprints"]["model"] == model_fingerprint(snapshot)
 
@@ -213,11 +213,11 @@ DISK_RUN = ["--method", "gt", "--steps", "3", "--save_every", "1", "--keep_last"
 
 
 def assert_stopped_at_step_3_keeping_step_2(out, message):
-    import checkpoint
+    from harness import checkpoint
     step_2 = os.path.join(out, "checkpoints", "step_2")
     assert message == (f"out of disk: {checkpoint.disk_of(out)}, which holds --out {out}, has "
-                       f"{run.size(shutil.disk_usage(out).free)} free and a checkpoint needs "
-                       f"{run.size(checkpoint.folder_bytes(step_2))}; the run stopped, the newest complete checkpoint, "
+                       f"{checkpoint.size(shutil.disk_usage(out).free)} free and a checkpoint needs "
+                       f"{checkpoint.size(checkpoint.folder_bytes(step_2))}; the run stopped, the newest complete checkpoint, "
                        f"{step_2}, is kept: free some space, then continue with: python train.py --out {out} --resume")
     assert [s for s, _ in checkpoint.complete(out)] == [1, 2] and checkpoint.is_checkpoint(step_2)
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_1", "step_2"]   # no step_3.partial left
@@ -227,7 +227,7 @@ def test_a_disk_too_small_for_the_next_checkpoint_stops_in_one_line_keeping_the_
     """Before each save the run checks the disk's free space: the third checkpoint does not fit, so the run stops
     with one line that names the disk, what is needed and the checkpoint kept. The summary line's account of a
     checkpoint is what one takes."""
-    import checkpoint
+    from harness import checkpoint
     out = str(small_disk / "run")
     res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--out", out, *DISK_RUN], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
@@ -240,9 +240,9 @@ def test_a_disk_too_small_for_the_next_checkpoint_stops_in_one_line_keeping_the_
 def test_a_save_that_fills_the_disk_stops_in_one_line_and_loses_nothing(small_disk, monkeypatch):
     """A save that runs out of space anyway (the free-space check off, so DCP's writes meet ENOSPC): its partial
     folder is removed, the run stops in one line (OutOfDisk, status 2), and the checkpoints before it are whole."""
-    from config import OutOfDisk
+    from harness.errors import OutOfDisk
     from test_train import run_in_process
-    monkeypatch.setattr(run, "check_room_on_all_ranks", lambda *args: None)
+    monkeypatch.setattr(checkpoint, "check_room_on_all_ranks", lambda *args: None)
     out = str(small_disk / "run")
     stopped = run_in_process(out, "gt", *DISK_RUN[2:])
     assert isinstance(stopped.error, OutOfDisk), stopped.error
@@ -252,7 +252,7 @@ def test_a_save_that_fills_the_disk_stops_in_one_line_and_loses_nothing(small_di
 def test_the_runs_disk_account_by_hand():
     """Checkpoints of 10 bytes, a final model of 3: while the third of three is written beside the two kept, 30;
     keeping all (--keep_last 0, or more than are saved), every checkpoint and the final model."""
-    import checkpoint
+    from harness import checkpoint
     assert checkpoint.run_disk_bytes(10, 3, keep_last=2, saves=3) == 30
     assert checkpoint.run_disk_bytes(10, 3, keep_last=1, saves=3) == 20
     assert checkpoint.run_disk_bytes(10, 3, keep_last=0, saves=3) == 33
@@ -268,7 +268,7 @@ def test_a_failed_sync_names_the_rank_that_failed_on_every_rank(tmp_path):
 import sys
 sys.path.insert(0, {ROOT!r})
 import torch.distributed as dist
-from sharding import WeightSyncError, init_distributed, sync_engine_weights
+from harness.sharding import WeightSyncError, init_distributed, sync_engine_weights
 
 class Engine:
     dtype = None

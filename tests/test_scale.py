@@ -6,7 +6,7 @@ import sys
 import pytest
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-import checkpoint
+from harness import checkpoint
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))

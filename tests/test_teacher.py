@@ -4,11 +4,11 @@ import math
 import pytest
 import torch
 
-import world
-from logprobs import token_logprobs
+from harness import world
+from harness.logprobs import token_logprobs
 from rewards import METHODS, labels_for, negative_entropy, self_certainty
 from rollout import make_engine, request_seed
-from sharding import gather_full_weights, shard
+from harness.sharding import gather_full_weights, shard
 from teacher import ema_alpha, ema_decay, ema_update, teacher_rollout
 
 

@@ -20,11 +20,14 @@ import config
 import grpo
 import rewards
 import train
-import world
-from answers import majority_vote
+from harness import world
+from harness.answers import majority_vote
 from conftest import ROOT
-from grpo import NonFiniteError, group_advantages
-from sharding import gather_full_weights
+import grpo
+from grpo import group_advantages
+from harness import errors
+from harness.errors import NonFiniteError
+from harness.sharding import gather_full_weights
 from teacher import ema_decay
 
 # the methods by what their rows of rewards.METHOD_TABLE say
@@ -211,7 +214,7 @@ def test_training_evaluation_equals_eval_py(short_run, tmp_path):
     """eval.py on the saved model, and on the checkpoint of the last step, with its classroom
     defaults, gives the training run's last evaluation exactly: same prompts, same limit, the
     same per-question sampling seeds."""
-    import checkpoint
+    from harness import checkpoint
     import eval as evaluation
     run = short_run("coreward1")
     last = run.eval_records[-1]
@@ -225,7 +228,7 @@ def test_training_evaluation_equals_eval_py(short_run, tmp_path):
 
 
 def test_a_checkpoint_becomes_the_saved_model(short_run, tmp_path):
-    import checkpoint
+    from harness import checkpoint
     from transformers import AutoModelForCausalLM
     run = short_run("coreward2")
     exported = checkpoint.to_hf(checkpoint.latest(run.out), str(tmp_path / "hf"))
@@ -278,13 +281,13 @@ def test_a_frozen_o_proj_in_vllm_stops_the_run_at_step_1_in_one_line(tmp_path):
     """vLLM's CPU engine repacks its linear layers for its kernels; an engine whose loads leave every o_proj as it
     was (tests/train_frozen_o_proj.py), which only warns, is read through those kernels after step 1's sync: the
     run stops there, before the step's record, with one line that names the layers and no traceback, exit status
-    config.GUARD_STOP, and saves nothing."""
+    errors.GUARD_STOP, and saves nothing."""
     out = tmp_path / "run"
     res = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "train_frozen_o_proj.py"), "--method", "gt",
                           "--steps", "3", "--questions_per_step", "8", "--group_size", "4", "--eval_limit", "1",
                           "--eval_every", "100", "--eval_k", "0", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == config.GUARD_STOP, res.stderr[-3000:]
+    assert res.returncode == errors.GUARD_STOP, res.stderr[-3000:]
     assert "Traceback" not in res.stderr and res.stderr.count("train.py: stopped: ") == 1, res.stderr[-3000:]
     assert "train.py: stopped: the weight sync into the rollout engine failed on rank 0: the engine's " \
            "['model.layers.0.self_attn.o_proj.weight', 'model.layers.1.self_attn.o_proj.weight', " \
@@ -307,7 +310,7 @@ def test_groups_out_of_their_prompts_order_stop_the_step(tmp_path, monkeypatch):
         return engine
     monkeypatch.setattr(train, "make_engine", shuffling_engine)
     run = run_in_process(tmp_path / "shuffled", "coreward1", *SHORT, "--backend", "hf", "--eval_limit", "1")
-    assert isinstance(run.error, train.GroupOrderError) and "the policy: the group for question" in str(run.error)
+    assert isinstance(run.error, errors.GroupOrderError) and "the policy: the group for question" in str(run.error)
     assert "returned its groups out of the order of their prompts" in str(run.error)
     assert run.steps == []
 
@@ -316,7 +319,7 @@ def test_the_teachers_groups_out_of_order_stop_the_step_too(tmp_path, monkeypatc
     real = train.teacher_rollout
     monkeypatch.setattr(train, "teacher_rollout", lambda *args: real(*args)[::-1])
     run = run_in_process(tmp_path / "shuffled", "coreward2", *SHORT, "--backend", "hf", "--eval_limit", "1")
-    assert isinstance(run.error, train.GroupOrderError) and "the teacher: the group for question" in str(run.error)
+    assert isinstance(run.error, errors.GroupOrderError) and "the teacher: the group for question" in str(run.error)
     assert run.steps == []
 
 
@@ -330,7 +333,7 @@ groups = [[sample(p)] * 2 for p in prompts]
 train.check_groups(groups, prompts, ids, 2, "the policy")
 try:
     train.check_groups(groups[:2] + groups[2:][::-1], prompts, ids, 2, "the policy")
-except train.GroupOrderError as e:
+except errors.GroupOrderError as e:
     print("stopped:", e)
 """
     out = subprocess.run([sys.executable, "-O", "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -399,7 +402,7 @@ def test_each_row_of_the_loss_family_runs_two_steps_and_logs_its_loss(tmp_path, 
 def test_the_sampler_gap_warns_on_a_jump_and_stops_only_past_the_ceiling():
     """The first 3 steps set the baseline; a gap above --sampler_gap_factor times it warns, again only once it has
     doubled since the last warning; only a gap past the ceiling (or NaN) stops the run."""
-    from run import SAMPLER_GAP_CEILING, SamplerGapWatch
+    from harness.watches import SAMPLER_GAP_CEILING, SamplerGapWatch
     watch = SamplerGapWatch(ceiling=0.5, factor=5.0)
     assert [watch.check(step, {"sampler_gap": gap}) for step, gap in enumerate([0.02, 0.04, 0.03], 1)] == [None] * 3
     assert watch.baseline == pytest.approx(0.03) and SamplerGapWatch(0.5, 5.0, watch.first).baseline == watch.baseline
@@ -459,7 +462,7 @@ def test_a_skipped_or_partial_sync_stops_a_bf16_run_past_the_ceiling(tmp_path, m
 def test_a_non_finite_loss_stops_the_run_before_the_weights_move(tmp_path, monkeypatch):
     """A NaN advantage at step 2: the run stops with a message before the optimizer step; the
     policy keeps its step-1 weights, and no model is saved."""
-    real, calls = train.group_advantages, []
+    real, calls = grpo.group_advantages, []
 
     def nan_at_step_2(rewards, **kwargs):
         calls.append(rewards)
@@ -467,7 +470,7 @@ def test_a_non_finite_loss_stops_the_run_before_the_weights_move(tmp_path, monke
         if len(calls) == 2:
             advantages[0, 0] = float("nan")
         return advantages
-    monkeypatch.setattr(train, "group_advantages", nan_at_step_2)
+    monkeypatch.setattr(grpo, "group_advantages", nan_at_step_2)
     out = tmp_path / "nan"
     run = run_in_process(out, "coreward1", *SHORT, "--backend", "hf")
     assert isinstance(run.error, NonFiniteError)
@@ -585,7 +588,7 @@ def test_the_console_shows_the_programs_own_lines_and_the_run_folder_keeps_them(
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [(s["step"], s["question"], s["kind"]) for s in samples] == \
         [(step, q, kind) for step in (0, 2) for q in range(3) for kind in ("greedy", "sample")]
-    from answers import is_equiv
+    from harness.answers import is_equiv
     assert all(s["prompt"].startswith("Question: ") and s["reward"] == float(is_equiv(s["answer"], s["gold"]))
                for s in samples)
 
@@ -598,7 +601,7 @@ def _prompts_of(call):
 def _encoded_pairs():
     """{original question's prompt ids: its rephrasing's prompt ids} over the classroom's training pairs."""
     from transformers import AutoTokenizer
-    import data
+    from harness import data
     encode = data.prompt_encoder(AutoTokenizer.from_pretrained(world.base_model_dir()), True)
     return {tuple(encode(p.original)): tuple(encode(p.rephrased)) for p in data.classroom_pairs("train")}
 
@@ -711,7 +714,7 @@ def test_views_both_gives_a_baseline_the_rephrasings(tmp_path):
 def test_a_single_view_method_runs_on_a_question_set_without_rephrasings(tmp_path):
     """A JSONL file of questions and answers, no rephrasings: coreward2 trains on it; coreward1,
     which needs the rephrasings, is refused with a message."""
-    import data
+    from harness import data
     path = tmp_path / "questions.jsonl"
     with open(path, "w") as f:
         for p in data.classroom_pairs("train")[:40]:
@@ -726,7 +729,7 @@ def test_a_single_view_method_runs_on_a_question_set_without_rephrasings(tmp_pat
 def test_a_crash_while_writing_the_final_model_leaves_no_final_folder(tmp_path, monkeypatch):
     """final/ is written as final.partial/ and renamed once on disk: a crash in between leaves no
     final/ that study/study.py would count as a finished run."""
-    import checkpoint
+    from harness import checkpoint
     real = checkpoint.fsync_files
 
     def crash_on_final(*paths):
@@ -777,7 +780,7 @@ def test_overwrite_with_a_mistake_in_the_inputs_deletes_nothing(finished_run, ba
     import config
     before = _contents(finished_run)
     run = run_in_process(finished_run, "gt", *SHORT, "--overwrite", *bad)
-    assert isinstance(run.error, config.UsageError), run.error
+    assert isinstance(run.error, errors.UsageError), run.error
     assert _contents(finished_run) == before
 
 
@@ -823,7 +826,7 @@ def test_a_failed_rank_is_its_traceback_and_one_line(tmp_path):
     script.write_text("import os, sys\nrank = int(os.environ['RANK'])\n"
                       "if sys.argv[1] == 'crash' and rank == 1:\n    raise RuntimeError('rank 1 broke')\n"
                       "if sys.argv[1] == 'usage':\n    sys.exit(2)\n")
-    launch = [sys.executable, "-c", "import run, sys; run.launch_ranks(2, sys.argv[1], sys.argv[2:])", str(script)]
+    launch = [sys.executable, "-c", "import sys; from harness import launch; launch.launch_ranks(2, sys.argv[1], sys.argv[2:])", str(script)]
     crash = subprocess.run([*launch, "crash"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert crash.returncode == 1
     assert "RuntimeError: rank 1 broke" in crash.stderr and "ChildFailedError" not in crash.stderr
@@ -844,9 +847,9 @@ def test_a_model_folder_a_run_wrote_keeps_its_preset_and_a_checkpoint_becomes_on
     assert (args.preset, args.max_response_len) == ("classroom", 48) and "the run that wrote" in args.preset_reason
     assert config.parse_args(["--method", "gt", "--model", final, "--preset", "official"]).preset == "official"
     folder = tmp_path / "step_2"
-    res = subprocess.run([sys.executable, os.path.join(ROOT, "checkpoint.py"),
+    res = subprocess.run([sys.executable, "-m", "harness.checkpoint",
                           str(finished_run / "checkpoints" / "step_2"), str(folder)], capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     a = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).state_dict()
     b = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32).state_dict()
@@ -887,7 +890,7 @@ def test_an_epochs_leftover_questions_are_left_out_and_the_next_epoch_shuffles_t
 def test_the_classroom_model_trains_on_a_jsonl_of_classroom_pairs_as_on_the_shipped_ones(tmp_path, capsys):
     """The prompt format follows the model: the classroom's pairs written to a JSONL of question, rephrasing and answer
     train step for step as `--data classroom` does, in the classroom's format, with no unknown token."""
-    import data
+    from harness import data
     pairs = data.classroom_pairs("train")
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps({"question": p.original, "rephrased": p.rephrased, "answer": p.answer}) + "\n"
@@ -916,12 +919,12 @@ GUARDS = {
 def test_a_guards_stop_is_one_line_as_the_user_sees_it(tmp_path, guard):
     """A guard that stops the run (the sampler gap past its ceiling, here set below any gap; a weight sync the engine
     refuses) prints one line naming what happened, the cause and what to do, with no traceback, and exits with
-    config.GUARD_STOP."""
+    errors.GUARD_STOP."""
     patch, flags, line = GUARDS[guard]
     code = "; ".join(["import sys", f"sys.path.insert(0, {ROOT!r})", *patch, "import config, train",
-                      "sys.exit(config.exit_on_usage_error(train.main, 'train.py'))"])
+                      "sys.exit(errors.exit_on_usage_error(train.main, 'train.py'))"])
     res = subprocess.run([sys.executable, "-c", code, "--method", "gt", *SHORT, "--backend", "hf", "--out",
                           str(tmp_path / "run"), *flags], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == config.GUARD_STOP, res.stderr[-3000:]
+    assert res.returncode == errors.GUARD_STOP, res.stderr[-3000:]
     assert "Traceback" not in res.stderr and res.stderr.count("train.py: stopped: ") == 1, res.stderr[-3000:]
     assert line in res.stderr, res.stderr[-3000:]

@@ -23,7 +23,7 @@ import pytest
 
 import config
 import train
-from answers import is_equiv, majority_vote
+from harness.answers import is_equiv, majority_vote
 from conftest import ROOT
 from teacher import ema_alpha
 from walkthrough import OUTPUT_BLOCK, num

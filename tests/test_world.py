@@ -1,8 +1,8 @@
 """The classroom world: disjoint splits, faithful rephrasings, a tokenizer that round-trips."""
 import re
 
-import world
-from answers import extract_answer
+from harness import world
+from harness.answers import extract_answer
 
 
 def test_splits_are_disjoint_and_deterministic():

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import config  # noqa: E402
 import train  # noqa: E402
+from harness.errors import exit_on_usage_error  # noqa: E402
 
 if __name__ == "__main__":
     blocked_in = int(os.environ["BLOCKED_IN_STEP"])
@@ -33,4 +34,4 @@ if __name__ == "__main__":
         return step(args, step_number, *rest)
     train.training_step = blocked_in_step
     train.__file__ = os.path.abspath(__file__)          # --ranks starts this script as each worker
-    sys.exit(config.exit_on_usage_error(train.main, "train.py"))
+    sys.exit(exit_on_usage_error(train.main, "train.py"))

@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import config  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
+from harness.errors import exit_on_usage_error  # noqa: E402
 
 
 def _freezing_o_proj(worker, weights_iterator):
@@ -28,4 +29,4 @@ if __name__ == "__main__":
         engine.llm.collective_rpc = lambda method, **kw: rpc(_freezing_o_proj if method == "reload_weights" else
                                                              method, **kw)
     rollout.VLLMEngine.__init__ = freezing_engine
-    sys.exit(config.exit_on_usage_error(train.main, "train.py"))
+    sys.exit(exit_on_usage_error(train.main, "train.py"))

@@ -14,8 +14,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import config  # noqa: E402
-import run  # noqa: E402
+from harness import checkpoint  # noqa: E402
 import train  # noqa: E402
+from harness.errors import exit_on_usage_error  # noqa: E402
 
 
 def killed_here(where, step):
@@ -28,15 +29,15 @@ def killed_here(where, step):
 
 
 if __name__ == "__main__":
-    save, step = run.save_checkpoint, train.training_step
+    save, step = checkpoint.save_checkpoint, train.training_step
 
-    def saved_then_killed(args, step_number, *rest, **kwargs):
-        save(args, step_number, *rest, **kwargs)
+    def saved_then_killed(args, configuration, step_number, *rest, **kwargs):
+        save(args, configuration, step_number, *rest, **kwargs)
         killed_here("saved", step_number)
 
     def killed_in_step(args, step_number, *rest):
         killed_here("step", step_number)
         return step(args, step_number, *rest)
-    run.save_checkpoint, train.training_step = saved_then_killed, killed_in_step
+    checkpoint.save_checkpoint, train.training_step = saved_then_killed, killed_in_step
     train.__file__ = os.path.abspath(__file__)          # --ranks starts this script as each worker
-    sys.exit(config.exit_on_usage_error(train.main, "train.py"))
+    sys.exit(exit_on_usage_error(train.main, "train.py"))

@@ -9,9 +9,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import checkpoint  # noqa: E402
+from harness import checkpoint  # noqa: E402
 import config  # noqa: E402
 import train  # noqa: E402
+from harness.errors import exit_on_usage_error  # noqa: E402
 
 if __name__ == "__main__":
     step = sys.argv.pop(1)
@@ -22,4 +23,4 @@ if __name__ == "__main__":
             os.kill(os.getpid(), signal.SIGKILL)
         publish(partial, final)
     checkpoint.publish = killed_before_publishing
-    sys.exit(config.exit_on_usage_error(train.main, "train.py"))
+    sys.exit(exit_on_usage_error(train.main, "train.py"))

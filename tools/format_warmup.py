@@ -29,9 +29,10 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)                                   # the loop's modules
 
 import config  # noqa: E402
-import data  # noqa: E402
-import world  # noqa: E402
-from answers import extract_answer, is_equiv  # noqa: E402
+from harness.errors import exit_on_usage_error  # noqa: E402
+from harness import data  # noqa: E402
+from harness import world  # noqa: E402
+from harness.answers import extract_answer, is_equiv  # noqa: E402
 
 
 def solution_text(problem, tokenizer):
@@ -83,8 +84,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", choices=config.BACKENDS, default="auto", help="the engine (train.py --backend)")
     args = ap.parse_args()
-    import run
-    args.model = run.model_folder_for_all_ranks(args.model)
+    from harness import checkpoint
+    args.model = checkpoint.model_folder_for_all_ranks(args.model)
     from rollout import make_engine
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -124,4 +125,4 @@ def main():
 
 
 if __name__ == "__main__":
-    config.exit_on_usage_error(main, "format_warmup.py")
+    exit_on_usage_error(main, "format_warmup.py")

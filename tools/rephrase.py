@@ -29,7 +29,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # the loop's modules
 
 import config  # noqa: E402
-from answers import extract_answer, is_equiv, majority_vote  # noqa: E402
+from harness.errors import exit_on_usage_error  # noqa: E402
+from harness.answers import extract_answer, is_equiv, majority_vote  # noqa: E402
 from rollout import request_seed  # noqa: E402
 
 START, END = "### Rephrased Question Start ###", "### Rephrased Question End ###"
@@ -97,7 +98,7 @@ def rephrase(engine, chat, encode, questions, temperature=0.7, max_tokens=512, c
 
 def load_questions(source, limit=None):
     """(questions, gold answers or None) of --data."""
-    import data
+    from harness import data
     if source in data.BENCHMARKS:
         problems = data.load_benchmark(source, limit)
         return [p.question for p in problems], [p.answer for p in problems]
@@ -148,10 +149,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     args.backend, _ = config.choose_backend(args.backend)
     from transformers import AutoTokenizer
-    import data
-    import run
+    from harness import data
+    from harness import checkpoint
     from rollout import make_engine
-    model_dir = run.model_folder_for_all_ranks(args.model)
+    model_dir = checkpoint.model_folder_for_all_ranks(args.model)
     questions, answers = load_questions(args.data, args.limit)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     chat, encode = chat_encoder(tokenizer), data.prompt_encoder(tokenizer, classroom=False)
@@ -168,4 +169,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    config.exit_on_usage_error(main, "rephrase.py")
+    exit_on_usage_error(main, "rephrase.py")

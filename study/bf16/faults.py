@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-import sharding  # noqa: E402
+from harness import sharding  # noqa: E402
 import train  # noqa: E402
 
 LAYER = "model.layers.0."

@@ -5,9 +5,9 @@
 The sampler gap (`sampler_gap` in metrics.jsonl) is the mean over a step's response tokens of |the engine's
 log-prob - the trainer's| for the engine's own samples. For each run the table gives its precision and engine
 (from its config.json), its learning rate, the steps it logged, the mean of its first 3 steps (the baseline of
-run.SamplerGapWatch), its median and largest gap with the largest's step and ratio to the baseline, and what the
+watches.SamplerGapWatch), its median and largest gap with the largest's step and ratio to the baseline, and what the
 watch does with the run's gaps, replayed: the warnings it prints (above --sampler_gap_factor times the baseline)
-and whether it stops the run (above the ceiling of the run's precision, run.SAMPLER_GAP_CEILING). The runs
+and whether it stops the run (above the ceiling of the run's precision, watches.SAMPLER_GAP_CEILING). The runs
 themselves ran with the watch off (--max_sampler_gap 1e9), to measure the whole curve.
 
 The runs: the healthy ones, study/bf16/*/runs/* (study/study.py's layout), and the faulty ones,
@@ -28,7 +28,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from run import SAMPLER_GAP_CEILING, SamplerGapWatch  # noqa: E402
+from harness.watches import SAMPLER_GAP_CEILING, SamplerGapWatch  # noqa: E402
 
 FACTOR = 5.0                                                      # --sampler_gap_factor's default
 

@@ -50,11 +50,11 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
-from answers import extract_answer
-from config import InputError, MissingInput
+from harness.answers import extract_answer
+from harness.errors import InputError, MissingInput
 
 SYSTEM_PROMPT = "Let's think step by step and output the final answer within \\boxed{}."
-DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 SHIPPED_PAIRS = {"openrs": "train/openrs_pairs.parquet", "math": "train/math_pairs.parquet"}
 SHIPPED_VERL_PAIRS = {"dapo": ("train/dapo_original.parquet", "train/dapo_rephrased.parquet"),
                       "amc_ttt": ("train/amc_ttt_original.parquet", "train/amc_ttt_rephrased.parquet")}
@@ -413,7 +413,7 @@ def mismatch_rephrasings(pairs, share, seed):
 
 
 def classroom_pairs(split):
-    import world
+    from harness import world
     return [Pair(p.original, p.rephrased, p.answer) for p in world.make_split(split)]
 
 # ---------------------------------------------------------------------- benchmarks
@@ -476,7 +476,7 @@ def prompt_encoder(tokenizer, classroom=False, prompt="official"):
     through it; any other model, plain text (the system message, a blank line, the user's). `classroom`: the
     questions are the classroom world's, written with a space before each punctuation mark for its tokenizer; any
     other model gets them in plain English (world.plain_english)."""
-    import world
+    from harness import world
     if prompt not in PROMPTS:
         raise InputError(f"unknown prompt {prompt!r}; choose from {', '.join(PROMPTS)}")
     asked = PROMPTS[prompt]

@@ -1035,7 +1035,7 @@ _STARTUP_LIMIT = 120.0  # seconds a new helper may take to import sympy and warm
 # inside its time limit, and on a slow disk or a busy node run it out.
 _WARM_UP = [("p - q", "-q + p"), ("x^2 - 1", "(x - 1)(x + 1)"), ("2\\sqrt{2}", "\\sqrt{8}"),
             ("\\sin x", "\\cos(\\pi/2 - x)"), ("x \\le 3", "3 \\ge x")]
-_HELPER = "import json, sys; sys.path.insert(0, sys.argv[1]); import answers; answers._serve(json.loads(sys.argv[2]))"
+_HELPER = "import json, sys; sys.path.insert(0, sys.argv[1]); from harness import answers; answers._serve(json.loads(sys.argv[2]))"
 _refused = set()  # normal forms whose reading took over half the time limit
 
 
@@ -1105,7 +1105,7 @@ class _SympyProcess:
     def _start_if_needed(self, wait=True):
         if self._process is None or self._owner != os.getpid() or self._process.poll() is not None:
             limits = {"MAX_SYMPY_CHARS": MAX_SYMPY_CHARS, "MAX_PARTS": MAX_PARTS, "MAX_BITS": MAX_BITS}
-            folder = os.path.dirname(os.path.abspath(__file__))
+            folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # above harness/
             # A session of its own: a SIGTERM or Ctrl-C for the run's process group (which the run may
             # catch, to save and stop) must not stop the helper mid-step; it ends when its stdin closes.
             self._process = subprocess.Popen([sys.executable, "-c", _HELPER, folder, json.dumps(limits)],

@@ -22,19 +22,24 @@ the machine, never leaves a step_S/ with a torn file. A run killed during a save
 the same way. On several nodes, OUT must be a filesystem that every node sees: the ranks write into
 one folder and rank 0 renames it.
 """
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import time
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
+from tqdm import tqdm
 
-from sharding import reshard
+from harness.errors import MissingInput, OutOfDisk
+from harness.sharding import reshard
 
 # What a checkpoint that cannot be read raises: DCP's CheckpointException derives from BaseException.
 LOAD_ERRORS = (Exception, dcp.api.CheckpointException)
@@ -306,8 +311,141 @@ def mark_model_folder(folder, preset):
         json.dump({"preset": preset}, f)
 
 
+def model_folder_for_all_ranks(model):
+    """The local folder of --model: a folder as given, or a Hugging Face id (`org/name`) resolved through
+    the hub's cache, downloading it if it is not there yet: once per node (the node's first rank
+    downloads, the other ranks wait, then read the cache). The fingerprint, vLLM and the trainer all
+    read the folder this returns. Refused at once: a path that names no folder (one that starts with /,
+    ./, ../ or ~, has more than one /, or whose first part is a folder here), a folder that holds no
+    config.json, and an id that is neither cached nor downloadable (no network): each with what to do."""
+    path = os.path.expanduser(model)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise MissingInput(f"--model {model}: the folder holds no config.json, so it is not a Hugging Face "
+                               f"model folder (one from save_pretrained, or a hub download). Nothing was run")
+        return path
+    parts = model.split("/")
+    if model.startswith(("/", "./", "../", "~")) or len(parts) > 2 or (len(parts) == 2 and os.path.isdir(parts[0])) \
+            or os.path.exists(path):
+        raise MissingInput(f"--model {model}: no such folder{' (it is a file)' if os.path.exists(path) else ''}. "
+                           f"Give a model folder, or a Hugging Face id such as Qwen/Qwen3-4B-Base. Nothing was run")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
+    first_on_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    failed = None
+    try:
+        if first_on_node:
+            try:
+                snapshot_download(model, local_files_only=True)       # cached: no network needed
+            except LocalEntryNotFoundError:
+                print(f"--model {model}: not in the Hugging Face cache; downloading it", flush=True)
+                snapshot_download(model)
+    except (LocalEntryNotFoundError, RepositoryNotFoundError, HFValidationError, OSError) as e:
+        failed = e
+    if dist.is_initialized():                      # the other ranks wait here for their node's download
+        outcomes = [None] * dist.get_world_size()
+        dist.all_gather_object(outcomes, None if failed is None else f"{type(failed).__name__}: {failed}")
+        failed = next((o for o in outcomes if o is not None), None)
+    if failed is not None:
+        raise MissingInput(
+            f"--model {model} is no folder here, and as a Hugging Face id it is neither in the cache "
+            f"(HF_HUB_CACHE, ~/.cache/huggingface/hub) nor could it be downloaded "
+            f"({str(failed).splitlines()[0][:200]}). "
+            f"Download it where there is a network (huggingface-cli download {model}) and use that cache, or give "
+            f"the model's folder. Nothing was run") from None
+    return snapshot_download(model, local_files_only=True)
+
+
+def disk_bytes(models, args):
+    """(one checkpoint's bytes, the most the run's folder holds at once): the run's disk account, in its
+    summary line (checkpoint_bytes, run_disk_bytes)."""
+    one = checkpoint_bytes(models.policy, models.teacher)
+    saves = -(-args.steps // args.save_every) if args.save_every else 0
+    return one, run_disk_bytes(one, final_model_bytes(models.policy), args.keep_last, saves)
+
+
+def size(n):
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def out_of_disk(out, need, what):
+    """The one line of a run that stops because the disk of --out cannot hold `what` (`need` bytes)."""
+    newest = latest(out)
+    then = f"the newest complete checkpoint, {newest}, is kept: free some space, then continue with: python " \
+           f"train.py --out {out} --resume" if newest else \
+        "there is no complete checkpoint yet: free some space, then start the run again"
+    return (f"out of disk: {disk_of(out)}, which holds --out {out}, has {size(shutil.disk_usage(out).free)} "
+            f"free and {what} needs {size(need)}; the run stopped, {then}")
+
+
+def check_room_on_all_ranks(out, need, what, rank):
+    """Before a save: stop every rank, in one line (OutOfDisk), when the disk of --out has less free space than
+    `what` needs; rank 0 looks and broadcasts its verdict."""
+    box = [out_of_disk(out, need, what) if rank == 0 and shutil.disk_usage(out).free < need else None]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise OutOfDisk(box[0])
+
+
+@contextlib.contextmanager
+def stop_cleanly_if_the_disk_fills(out, need, what, partial, rank):
+    """A save that fails for want of space anyway (ENOSPC, or torch's write error on a full disk, which names no
+    errno): its partial folder is removed and the run stops in one line (OutOfDisk). Nothing saved before it
+    is touched: a save writes into its own .partial folder, and prunes older checkpoints only once published."""
+    try:
+        yield
+    except (OSError, RuntimeError, dcp.api.CheckpointException) as e:
+        if getattr(e, "errno", None) != errno.ENOSPC and shutil.disk_usage(out).free >= need:
+            raise
+        if rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise OutOfDisk(out_of_disk(out, need, what)) from None
+
+
+def save_checkpoint(args, configuration, step, models, questions, wandb_id, fingerprints, tokenizer, rank,
+                    first_gaps=()):
+    """save of everything the loop needs to go on exactly: weights, optimizer, schedule, the
+    question order and its random state, what a resume checks (the fingerprints), and the sampler gaps
+    of the run's first steps (SamplerGapWatch.first). First the disk's room for it: the size of the newest
+    checkpoint, or before the first the estimate of checkpoint_bytes."""
+    trainer_state = {"scheduler": models.scheduler.state_dict(), **questions.state(), "wandb_id": wandb_id,
+                     "fingerprints": fingerprints, "sampler_gap_first": list(first_gaps)}
+    newest = latest(args.out)
+    need = folder_bytes(newest) if newest else checkpoint_bytes(models.policy, models.teacher)
+    check_room_on_all_ranks(args.out, need, "a checkpoint", rank)
+    t0 = time.perf_counter()
+    with stop_cleanly_if_the_disk_fills(args.out, need, "a checkpoint", step_dir(args.out, step) +
+                                        ".partial", rank):
+        path = save(args.out, step, models.policy, models.optimizer, models.teacher, trainer_state,
+                               configuration, tokenizer, args.keep_last)
+    if rank == 0:
+        tqdm.write(f"saved {path} ({time.perf_counter() - t0:.1f} s)")
+
+
+def save_final(policy, model_dir, tokenizer, out, rank, preset):
+    """The trained policy as a Hugging Face model in OUT/final: the full fp32 weights, gathered into
+    rank 0's CPU memory only, written as final.partial/ and then renamed, so that a crash never leaves
+    a final/ that is not whole. Its RUN_MARK names the run's preset, which a run from it keeps."""
+    from transformers import AutoModelForCausalLM
+    final = os.path.join(out, "final")
+    need = final_model_bytes(policy)
+    check_room_on_all_ranks(out, need, "the final model", rank)
+    weights = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        with stop_cleanly_if_the_disk_fills(out, need, "the final model", final + ".partial", rank):
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            model.load_state_dict(weights)
+            shutil.rmtree(final + ".partial", ignore_errors=True)
+            model.save_pretrained(final + ".partial")
+            tokenizer.save_pretrained(final + ".partial")
+            mark_model_folder(final + ".partial", preset)
+            fsync_files(final + ".partial")
+            publish(final + ".partial", final)
+        print(f"saved {final}")
+
+
 if __name__ == "__main__":
-    # python checkpoint.py OUT/checkpoints/step_S MODEL_DIR: the checkpoint's policy as a model folder
+    # python py OUT/checkpoints/step_S MODEL_DIR: the checkpoint's policy as a model folder
     import argparse
     ap = argparse.ArgumentParser(description="Write a training checkpoint's policy as a Hugging Face model folder "
                                              "(transformers, vLLM, eval.py and train.py --model load it).")

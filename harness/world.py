@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-BASE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "classroom", "base")
+BASE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "classroom", "base")
 PROMPT_FORMAT = "Question: {question}\nAnswer:"
 EOS = "<|endoftext|>"
 
@@ -166,15 +166,16 @@ def make_problem(rng, shape, a, b, c):
 SPLIT_SIZES = {"test": 200, "train": 1500, "warmup": None}   # None: all that is left
 
 
-def make_split(split, seed=0):
-    """The problems of one split. Splits are disjoint in their mathematics, fixed by `seed`."""
+def make_split(split, world_seed=0):
+    """The problems of one split. Splits are disjoint in their mathematics, fixed by `world_seed` (the world's, not a
+    run's --seed)."""
     maths = all_maths()
-    random.Random(seed).shuffle(maths)
+    random.Random(world_seed).shuffle(maths)
     start = 0
     for name, size in SPLIT_SIZES.items():
         size = len(maths) - start if size is None else size
         if name == split:
-            rng = random.Random(f"{seed}-{split}")
+            rng = random.Random(f"{world_seed}-{split}")
             return [make_problem(rng, *m) for m in maths[start:start + size]]
         start += size
     raise ValueError(f"unknown split {split!r}; choose from {list(SPLIT_SIZES)}")

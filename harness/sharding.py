@@ -18,10 +18,12 @@ from torch.distributed._composable import checkpoint
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from harness.errors import WeightSyncError
 
-def init_distributed():
-    """Join the process group torchrun describes; a plain `python train.py` is a world of one.
-    Returns (rank, world_size, device)."""
+
+def init_distributed(store=None):
+    """Join the process group torchrun describes (with `store`, the keys of a restart: resume.restart_store); a plain
+    `python train.py` is a world of one. Returns (rank, world_size, device)."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
@@ -29,25 +31,12 @@ def init_distributed():
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
         if "WORLD_SIZE" in os.environ:                # under torchrun: it says who we are
-            dist.init_process_group(backend, **restart_store())
+            dist.init_process_group(backend, **(store or {}))
         else:                                         # alone: a world of one on a free local port
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size(), device
-
-
-def restart_store():
-    """The process group's store on a restart of torchrun's workers: {} on a first attempt (env://, as torchrun says).
-    torchrun's agent hosts the store its workers share and keeps it across restarts, with the keys of the failed
-    attempt's groups in it: a restart's new groups (vLLM's among them) have the same names and would read the dead
-    ranks' addresses. A restart's keys go under a prefix of its own."""
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    if not attempt or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return {}
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    return {"store": dist.PrefixStore(f"attempt_{attempt}/", store), "rank": int(os.environ["RANK"]),
-            "world_size": int(os.environ["WORLD_SIZE"])}
 
 
 def shard(model, param_dtype=None, activation_checkpointing=False, compile_layers=False):
@@ -119,15 +108,6 @@ def gather_full_weights(model, dtype=None):
         full = param.full_tensor() if isinstance(param, DTensor) else param
         for name in aliases:
             yield name, full
-
-
-class GuardStop(RuntimeError):
-    """A guard stopped the run (every rank together): its message says what happened, the likely cause and what to
-    do, and train.py prints it alone, as one line without a traceback (config.exit_on_usage_error)."""
-
-
-class WeightSyncError(GuardStop):
-    """A rollout engine does not hold the weights it was sent."""
 
 
 def sync_engine_weights(engine, model):

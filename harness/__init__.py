@@ -1,0 +1,1 @@
+"""The harness beneath the recipe: each module one concern (harness/README.md). Nothing here imports a recipe file."""

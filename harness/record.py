@@ -1,0 +1,208 @@
+"""A step's record: the line of metrics.jsonl train.py writes after each step (METRICS.md says what each metric means).
+
+One row of RECORD a metric: its name, how every rank's part of it comes together (its kind), and this rank's part,
+a function of what the step saw and did (`Step`). The kinds:
+
+    Mean(count)      the parts' sum over ranks over the sum of a count (COUNTS), in one all-reduce of float64 with
+                     every other Mean and Total; a part that is None (a label-free method's label share) makes the
+                     metric None. Mean(count, view=v) divides by the count of view v, and is left out of the record
+                     when no rank sampled that view.
+    Total()          the parts' sum over ranks.
+    Gathered(then)   every rank's list of parts, joined (all_gather_object), then `then` of it.
+    Same()           rank 0's own value: the same on every rank (the gradient norm, after clip_grad_norm_'s
+                     all-reduce), or rank 0's (the learning rate).
+
+A new metric is one row. For example, `overlong_penalty` (--overlong soft) is
+
+    ("overlong_penalty", Mean("responses"), lambda s: (s.shaped - s.rewards).sum().item()),
+
+the mean of the penalty over the step's responses, 0 without the soft shaping. Per view (the original questions,
+their rephrasings), as the official Co-rewarding-III logs them: the share of groups with a label, the label's
+accuracy, the mean reward, and the view's parts of the loss and its clip fraction. A one-view method logs the
+original's only.
+"""
+import dataclasses
+import functools
+
+import torch
+import torch.distributed as dist
+
+from harness.answers import answer_classes, is_equiv, majority_vote
+from harness.sharding import all_sum
+
+VIEW_NAMES = ("original", "rephrased")      # grpo.py's views 0 and 1
+
+
+@dataclasses.dataclass
+class Step:
+    """What this rank's step saw and did: the record's rows are functions of it."""
+    step: int
+    groups: list              # [groups][G] rollout.Sample, the originals, then (two views) their rephrasings
+    answers: list             # [groups][G] extracted answers (None: no answer)
+    gold: list                # [groups] ground truth
+    labels: list | None       # [groups] each group's label (None: none); None for a label-free method
+    rewards: torch.Tensor     # [groups, G] the method's rewards
+    shaped: torch.Tensor      # [groups, G] the rewards the advantages came from (--overlong soft shapes them)
+    keep: torch.Tensor        # [groups] bool: kept by the group filter
+    stats: dict               # grpo.train_step's sums; stats["views"][v] those of view v
+    view: list                # [groups] each group's view (0, 1)
+    lr: float
+    alpha: float | None       # the teacher's EMA weight (teacher methods)
+    times: dict
+
+    def of_view(self, v, values):
+        """The entries of a [groups] list or tensor whose group is in view v."""
+        return [x for x, w in zip(values, self.view) if w == v]
+
+    @functools.cached_property
+    def diagnostics(self):
+        """What a run without labels can see of its groups, computed once a step (`group_diagnostics`)."""
+        return group_diagnostics(self.answers, self.rewards)
+
+
+def group_diagnostics(answers, rewards):
+    """What a run without labels can see of its groups, summed over the groups given (the record sums over ranks and
+    divides by the number of groups):
+      unanimous:      groups whose every response answered, all with one answer;
+      distinct:       distinct answers (classes of equal answers; no answer is not one), summed;
+      zero_variance:  groups whose rewards are all equal: zero advantages, no learning signal.
+    answers: [groups][G] extracted answers (None: no answer); rewards: [groups, G]."""
+    classes = [answer_classes(group) for group in answers]
+    return {
+        "unanimous": sum(len(c) == 1 and len(c[0]) == len(group) for c, group in zip(classes, answers)),
+        "distinct": sum(len(c) for c in classes),
+        "zero_variance": int((rewards == rewards[:, :1]).all(-1).sum()),
+    }
+
+
+def common_answer_share(votes):
+    """The share of groups whose majority answer is the most common one among them: a policy that gives one answer
+    whatever the question (a reward hack of every vote-based reward) drives it up, while on distinct questions it
+    stays small. votes: each group's majority answer (None: the group answered nothing; counted in the denominator,
+    never as the common answer)."""
+    if not votes:
+        return 0.0
+    return max((len(c) for c in answer_classes(votes)), default=0) / len(votes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mean:
+    count: str                # a key of COUNTS
+    view: int | None = None   # divide by the count of this view, and leave the metric out where no rank sampled it
+
+
+@dataclasses.dataclass(frozen=True)
+class Total:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    then: object              # [every rank's parts, joined] -> the metric
+
+
+@dataclasses.dataclass(frozen=True)
+class Same:
+    pass
+
+
+# The counts a Mean divides by, summed over ranks in the all-reduce of the sums: of the whole step, and of each view.
+COUNTS = {
+    "responses": lambda s: s.rewards.numel(),
+    "groups":    lambda s: len(s.groups),
+    "tokens":    lambda s: s.stats["tokens"],
+    "updates":   lambda s: s.stats["updates"],        # optimizer updates x ranks: the loss is their mean
+}
+VIEW_COUNTS = {
+    "groups":    lambda s, v: s.view.count(v),
+    "responses": lambda s, v: s.view.count(v) * s.rewards.shape[1],
+    "tokens":    lambda s, v: s.stats["views"][v]["tokens"],
+}
+
+
+def labelled(s, v=None):
+    """The groups with a label (in view v), or None for a label-free method."""
+    if s.labels is None:
+        return None
+    return float(sum(label is not None for label in (s.labels if v is None else s.of_view(v, s.labels))))
+
+
+def label_correct(s, v=None):
+    if s.labels is None:
+        return None
+    pairs = zip(s.labels, s.gold) if v is None else zip(s.of_view(v, s.labels), s.of_view(v, s.gold))
+    return float(sum(is_equiv(label, g) for label, g in pairs))
+
+
+def view_stat(name):
+    """A row's part: the sum over both views of the step's stats[name] (the views' parts of the loss add up to it)."""
+    return lambda s: sum(view[name] for view in s.stats["views"])
+
+
+#  metric               kind                  this rank's part
+RECORD = [
+    ("responses",         Total(),              lambda s: s.rewards.numel()),
+    ("reward",            Mean("responses"),    lambda s: s.rewards.sum().item()),
+    ("rollout_acc",       Mean("responses"),    lambda s: sum(is_equiv(a, g) for grp, g in zip(s.answers, s.gold)
+                                                              for a in grp)),
+    ("label_acc",         Mean("groups"),       label_correct),
+    ("no_answer",         Mean("responses"),    lambda s: sum(a is None for grp in s.answers for a in grp)),
+    # label-free: what a run without labels can watch (watches.CollapseWatch)
+    ("unanimous",         Mean("groups"),       lambda s: s.diagnostics["unanimous"]),
+    ("distinct_answers",  Mean("groups"),       lambda s: s.diagnostics["distinct"]),
+    ("zero_variance",     Mean("groups"),       lambda s: s.diagnostics["zero_variance"]),
+    ("groups_dropped",    Mean("groups"),       lambda s: int((~s.keep).sum())),
+    ("common_answer",     Gathered(common_answer_share), lambda s: [majority_vote(grp) for grp in s.answers]),
+    ("truncated",         Mean("responses"),    lambda s: sum(not x.finished for grp in s.groups for x in grp)),
+    ("kl",                Mean("tokens"),       lambda s: s.stats["kl_sum"]),
+    ("entropy",           Mean("tokens"),       lambda s: s.stats["entropy_sum"]),
+    ("response_len",      Mean("responses"),    lambda s: s.stats["tokens"]),
+    ("clip_frac",         Mean("tokens"),       lambda s: s.stats["clipped_low_sum"] + s.stats["clipped_high_sum"]),
+    ("grad_norm",         Same(),               lambda s: s.stats["grad_norm"]),
+    ("lr",                Same(),               lambda s: s.lr),
+    ("sampler_gap",       Mean("tokens"),       lambda s: s.stats["sampler_gap_sum"]),
+    ("sampler_ratio",     Mean("tokens"),       lambda s: s.stats["sampler_ratio_sum"]),
+    ("sampler_capped",    Mean("tokens"),       lambda s: s.stats["sampler_capped_sum"]),
+    # the loss (the mean over the step's updates) and its parts as they enter it: policy + kl + entropy = loss
+    ("loss",              Mean("updates"),      lambda s: s.stats["loss_sum"]),
+    ("loss_policy",       Mean("updates"),      view_stat("loss_policy")),
+    ("loss_kl",           Mean("updates"),      view_stat("loss_kl")),
+    ("loss_entropy",      Mean("updates"),      view_stat("loss_entropy")),
+    ("clip_frac_low",     Mean("tokens"),       lambda s: s.stats["clipped_low_sum"]),
+    ("clip_frac_high",    Mean("tokens"),       lambda s: s.stats["clipped_high_sum"]),
+    ("overlong_penalty",  Mean("responses"),    lambda s: (s.shaped - s.rewards).sum().item()),
+    *[row for v, name in enumerate(VIEW_NAMES) for row in [
+        (f"{name}/label_share",  Mean("groups", v),    lambda s, v=v: labelled(s, v)),
+        (f"{name}/label_acc",    Mean("groups", v),    lambda s, v=v: label_correct(s, v)),
+        (f"{name}/reward",       Mean("responses", v), lambda s, v=v: sum(map(sum, s.of_view(v, s.rewards.tolist())))),
+        (f"{name}/loss_policy",  Mean("updates"),      lambda s, v=v: s.stats["views"][v]["loss_policy"]),
+        (f"{name}/loss_kl",      Mean("updates"),      lambda s, v=v: s.stats["views"][v]["loss_kl"]),
+        (f"{name}/clip_frac",    Mean("tokens", v),    lambda s, v=v: s.stats["views"][v]["clipped"]),
+    ]],
+]
+
+
+def step_record_over_ranks(s, device, world_size):
+    """A step's line of metrics.jsonl from every rank's `Step` (one all_sum of the Means, Totals and counts, then one
+    all_gather_object per Gathered row, in RECORD's order)."""
+    summed = {name: part(s) for name, kind, part in RECORD if isinstance(kind, (Mean, Total))}
+    totals = all_sum({**{f"sum:{k}": v for k, v in summed.items() if v is not None},
+                      **{f"count:{k}": count(s) for k, count in COUNTS.items()},
+                      **{f"count:{k}:{v}": count(s, v) for k, count in VIEW_COUNTS.items()
+                         for v in range(len(VIEW_NAMES))}}, device)
+    record = {"step": s.step}
+    for name, kind, part in RECORD:
+        if isinstance(kind, Mean):
+            per = totals[f"count:{kind.count}" + ("" if kind.view is None else f":{kind.view}")]
+            if kind.view is not None and per == 0:                   # a view no rank sampled
+                continue
+            record[name] = None if summed[name] is None else totals[f"sum:{name}"] / per
+        elif isinstance(kind, Total):
+            record[name] = int(totals[f"sum:{name}"])
+        elif isinstance(kind, Gathered):
+            everyone = [None] * world_size
+            dist.all_gather_object(everyone, part(s))
+            record[name] = kind.then([x for rank_parts in everyone for x in rank_parts])
+        else:
+            record[name] = part(s)
+    return {**record, **s.times, **({"ema_alpha": s.alpha} if s.alpha is not None else {})}

@@ -1,0 +1,219 @@
+"""The run folder (--out): its lock, its logs and its samples.
+
+- The folder is the run's own: `locked` holds it for the run. `earlier_outputs` refuses a folder that holds an
+  earlier run unless given --overwrite or --resume; --overwrite removes its outputs (`remove_outputs`) only once
+  every input of the new run has been read and checked, so that a typo in --data or --model loses nothing.
+- metrics.jsonl (`MetricsLog`: rank 0, and each record to wandb with --wandb), run.log (`console_log`, rank 0's
+  console), samples.jsonl (`write_samples`) and config.json (`write_config`).
+"""
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+
+try:
+    import fcntl                        # the folder's locks (locked): POSIX file locks, shared and exclusive
+except ImportError:                     # native Windows: no fcntl, and no shared locks in msvcrt
+    print(f"{os.path.basename(sys.argv[0]) or 'python'}: error: native Windows is not supported (a run's folder "
+          f"is locked with POSIX file locks, which Windows lacks): run it in WSL, where the README's install and "
+          f"commands work as on Linux", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+import torch.distributed as dist
+
+from harness.errors import FolderInUse
+
+RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints", "run.log", "samples.jsonl")
+RUN_LOCK = ".run.lock"           # rank 0 holds it exclusively for the whole run; it names the holder
+WORKERS_LOCK = ".workers.lock"   # every rank holds it shared while it lives
+
+
+@contextlib.contextmanager
+def locked(out, rank):
+    """Hold --out for this run, from before anything slow until the block ends (so that a run and its resume can
+    run in one process), or until the process ends, however it ends: the kernel releases a flock with its process,
+    so a crashed run leaves a stale lock file, which is taken over. Rank 0 takes RUN_LOCK exclusively, then checks
+    that no process still holds WORKERS_LOCK (a worker of an earlier run whose launcher is gone); every rank then
+    holds WORKERS_LOCK shared. A second run on the folder is refused, naming the holder."""
+    error, held = None, []
+    if rank == 0:
+        os.makedirs(out, exist_ok=True)
+        run_lock, workers = open(os.path.join(out, RUN_LOCK), "a+"), open(os.path.join(out, WORKERS_LOCK), "a+")
+        run_lock.seek(0)
+        holder = run_lock.read().strip() or "a process that did not say who it is"
+        held = [run_lock, workers]
+        try:
+            fcntl.flock(run_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(workers, fcntl.LOCK_EX | fcntl.LOCK_NB)    # no worker of another run is alive
+            fcntl.flock(workers, fcntl.LOCK_SH)                    # we hold RUN_LOCK: no run can slip in between
+            run_lock.seek(0)
+            run_lock.truncate()
+            run_lock.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                           f"{' '.join(sys.argv)}\n")
+            run_lock.flush()
+        except BlockingIOError:
+            error = (f"--out {out} is in use by another run ({holder}), or by a worker of it that is still running; "
+                     f"wait for it to end or stop it (its workers stop at their step's end once their launcher is "
+                     f"gone), or choose another --out. Nothing was run or deleted")
+    box = [error]
+    dist.broadcast_object_list(box, src=0)
+    try:
+        if box[0] is not None:
+            raise FolderInUse(box[0])
+        if rank != 0:
+            held = [open(os.path.join(out, WORKERS_LOCK), "a+")]
+            fcntl.flock(held[0], fcntl.LOCK_SH)
+        yield
+    finally:
+        for f in held:                                    # closing a file gives its lock back
+            f.close()
+
+
+def earlier_outputs(out, overwrite, rank):
+    """What an earlier run left in --out (RUN_OUTPUTS): refused unless given --overwrite, in which case
+    they are returned, for `remove_outputs` to delete once the run's inputs have passed their checks.
+    Rank 0 looks and every rank gets its answer, so that all ranks stop or go on together."""
+    found = [name for name in RUN_OUTPUTS if os.path.exists(os.path.join(out, name))] if rank == 0 else None
+    box = [found]
+    dist.broadcast_object_list(box, src=0)
+    found = box[0]
+    if found and not overwrite:
+        raise FolderInUse(f"--out {out} already holds a run ({', '.join(found)}); pass --resume to continue it, "
+                              f"--overwrite to replace it, or choose another --out")
+    return found
+
+
+def remove_outputs(out, found, rank):
+    """--overwrite: delete the earlier run's outputs (`earlier_outputs`), never the locks (rank 0)."""
+    if found and rank == 0:
+        for name in found:
+            path = os.path.join(out, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+
+
+class NoWandb:
+    """The stand-in for a wandb run when --wandb is not given, and on ranks other than 0."""
+    def log(self, record, step):
+        pass
+
+    def finish(self):
+        pass
+
+
+def start_wandb(project, run_id, config):
+    """The wandb run `run_id` of `project`, continued if it exists (a resumed run). wandb is imported
+    only here, when --wandb is given."""
+    try:
+        import wandb
+    except ImportError:
+        raise ImportError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
+    return wandb.init(project=project, id=run_id, resume="allow", config=config)
+
+
+class MetricsLog:
+    """Appends JSON lines on rank 0, and sends each record to wandb (`NoWandb` without --wandb); a
+    stand-in that does nothing on the other ranks. A new run starts the file afresh; a resumed one
+    keeps the records up to its checkpoint's step."""
+    def __init__(self, path, active, resume_step=None, wandb_run=None):
+        self.path, self.active, self.dropped = path, active, []
+        self.wandb = wandb_run or NoWandb()
+        if active and resume_step is None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
+        elif active:
+            self.truncate(resume_step)
+
+    def truncate(self, step):
+        """Drop the records after `step` (the steps a killed run logged after its checkpoint, and a
+        line it may have left half-written)."""
+        lines = open(self.path).read().splitlines(keepends=True)
+        kept = []                                           # (line, record)
+        for i, line in enumerate(lines):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:                     # the kill cut the last line short
+                    break
+                raise ValueError(f"{self.path} line {i + 1} is not JSON: {line[:80]!r}; repair or remove it") from None
+            if record["step"] > step:
+                self.dropped += [json.loads(x)["step"] for x in lines[i:] if x.endswith("\n") and '"reward"' in x]
+                break
+            kept.append((line, record))
+        logged = [record["step"] for _, record in kept if "reward" in record]
+        if logged != list(range(1, step + 1)):
+            raise ValueError(f"{self.path} does not hold one record for each step up to the checkpoint's {step} "
+                             f"(it has {logged[:3]}...{logged[-3:]}); resume needs the run's own metrics.jsonl")
+        with open(self.path + ".tmp", "w") as f:           # each line whole: one cut before its newline gets it
+            f.writelines(line if line.endswith("\n") else line + "\n" for line, _ in kept)
+        os.replace(self.path + ".tmp", self.path)
+
+    def write(self, record):
+        if self.active:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            self.wandb.log(record, step=record["step"])
+
+
+def write_config(out, configuration):
+    """config.json: the run's resolved configuration (rank 0). Returns its path."""
+    path = os.path.join(out, "config.json")
+    with open(path, "w") as f:
+        json.dump(configuration, f, indent=1)
+    return path
+
+
+def write_samples(out, step, examples, tokenizer):
+    """Append an evaluation's example responses (eval.eval_counts) to OUT/samples.jsonl, a line each:
+    the step, the question's place in the evaluation set, greedy or sample, the prompt and the response
+    as text, the extracted answer, the gold answer and the reward. Reading them is how a reward hack
+    shows before the numbers do."""
+    if not examples:
+        return
+    with open(os.path.join(out, "samples.jsonl"), "a") as f:
+        for e in examples:
+            prompt = tokenizer.decode(e["prompt_ids"], skip_special_tokens=True)
+            f.write(json.dumps({"step": step, "question": e["question"], "kind": e["kind"], "prompt": prompt,
+                                **{k: e[k] for k in ("response", "answer", "gold", "reward")}}) + "\n")
+
+
+class ConsoleLog:
+    """Rank 0's console, also written to OUT/run.log: what the console showed, without progress bars
+    (tqdm redraws its bar on stderr with carriage returns; those writes are left out of the file)."""
+    def __init__(self, path, stream):
+        self.file, self.stream = open(path, "a", buffering=1), stream
+
+    def write(self, text):
+        self.stream.write(text)
+        if "\r" not in text:
+            self.file.write(text)
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
+        self.file.flush()
+
+    def __getattr__(self, name):                  # isatty, fileno, encoding: the console's
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def console_log(out, rank):
+    """Within it, rank 0's stdout and stderr also go to OUT/run.log (`ConsoleLog`)."""
+    if rank != 0:
+        yield
+        return
+    path, streams = os.path.join(out, "run.log"), (sys.stdout, sys.stderr)
+    sys.stdout, sys.stderr = ConsoleLog(path, sys.stdout), ConsoleLog(path, sys.stderr)
+    try:
+        yield
+    finally:
+        for log in (sys.stdout, sys.stderr):
+            if isinstance(log, ConsoleLog):
+                log.file.close()
+        sys.stdout, sys.stderr = streams

@@ -1,0 +1,87 @@
+"""The watches: what a step's record says about the run's health. The collapse watch warns; the sampler gap's
+watch warns on a jump and stops the run past its ceiling.
+"""
+from harness.errors import SamplerGapStop
+
+
+class CollapseWatch:
+    """Warns (it does not stop the run) when the label-free diagnostics signal a collapse, averaged
+    over the last WINDOW steps: at least 0.8 of the groups are unanimous (the policy says one answer
+    to each question, right or wrong) or have zero reward variance (no learning signal); at least
+    0.8 of the responses have no answer or are cut at the length limit (degenerate text); or the
+    most common majority answer is that of at least 0.2 of the questions (one answer whatever the
+    question: the reward hack of a vote). The study (study/README.md) shows where healthy and collapsing
+    classroom runs sit against these limits. It warns when a rule starts to hold, and again only
+    after the rules have stopped holding (a resumed run starts watching afresh)."""
+    WINDOW = 10
+    THRESHOLDS = {"unanimous": 0.8, "zero_variance": 0.8, "no_answer": 0.8, "truncated": 0.8, "common_answer": 0.2}
+
+    def __init__(self):
+        self.history, self.firing = [], False
+
+    def update(self, record):
+        """The warning to print after this step's record, or None."""
+        self.history = (self.history + [record])[-self.WINDOW:]
+        if len(self.history) < self.WINDOW:
+            return None
+        means = {k: sum(r.get(k, 0.0) for r in self.history) / self.WINDOW for k in self.THRESHOLDS}
+        signs = [f"{k} {v:.2f}" for k, v in means.items() if v >= self.THRESHOLDS[k]]
+        was, self.firing = self.firing, bool(signs)
+        if signs and not was:
+            return (f"warning: step {record['step']}: the policy may be collapsing ({', '.join(signs)} over the last "
+                    f"{self.WINDOW} steps; limits {self.THRESHOLDS}): a label-free reward then rewards whatever its "
+                    f"groups agree on. Check eval_acc; consider stopping or a lower --lr")
+        return None
+
+
+# The sampler gap a correct run of each precision cannot reach (mean |engine - trainer| log-prob per token), and
+# how it was set: fp32 on a CPU stayed at or under 5.1e-7 in every step of the committed classroom studies (47
+# runs, up to 300 steps); bf16 stayed at or under 0.003 in the runs of study/bf16 (the classroom, 300
+# steps, vLLM and transformers' engine), and public reports for 4B models give 0.01-0.04, rising slowly over
+# training. Each ceiling is far above what its precision showed (2,000x for fp32, about 7x the public 4B
+# figures for bf16) and below what an engine left on stale weights reaches within a few steps at a learning
+# rate that moves the weights (study/bf16/README.md).
+SAMPLER_GAP_CEILING = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.25}
+
+
+class SamplerGapWatch:
+    """The sampler gap (`sampler_gap`: the mean |engine - trainer| log-prob per token of the engine's own
+    samples) as a health signal. The exact check of each sync is the engine's own (rollout.py: every tensor
+    sent and taken, a sample read back bit for bit); this watch reads what the samples show.
+
+    - A warning when the gap jumps: above --sampler_gap_factor times the mean of the run's first
+      BASELINE_STEPS steps, and again each time it doubles past the last warning. bf16 kernels differ by a
+      gap that may grow as training goes on, so a jump alone does not stop the run.
+    - A stop when the gap passes the ceiling of the run's precision (SAMPLER_GAP_CEILING, or
+      --max_sampler_gap): an engine on other weights than the trainer's. A skipped or partial sync passes it
+      once the weights it left out have moved far enough; at a small learning rate that may take many steps,
+      and only the read-back sees it sooner (GPUS.md, the weight sync).
+
+    `first` (the first steps' gaps) goes into checkpoints, so that a resumed run keeps its baseline."""
+    BASELINE_STEPS = 3
+
+    def __init__(self, ceiling, factor, first=()):
+        self.ceiling, self.factor, self.first, self.warned = ceiling, factor, list(first), None
+
+    @property
+    def baseline(self):
+        return sum(self.first) / len(self.first) if len(self.first) == self.BASELINE_STEPS else None
+
+    def check(self, step, record):
+        """Raises SamplerGapStop past the ceiling; returns a warning (a line) or None."""
+        gap = record["sampler_gap"]
+        if not gap <= self.ceiling:
+            raise SamplerGapStop(f"step {step}: the rollout engine's log-probs differ from the trainer's by {gap:.3g} "
+                               f"per token (> {self.ceiling:g}, the ceiling of a correct run in this precision: "
+                               f"--max_sampler_gap): the engine is not running the trainer's weights. Check the "
+                               f"weight sync (names and dtypes the engine expects); the run's metrics.jsonl shows "
+                               f"the gap step by step")
+        if self.baseline is None:
+            self.first.append(gap)
+            return None
+        if gap > self.factor * self.baseline and (self.warned is None or gap > 2 * self.warned):
+            self.warned = gap
+            return (f"step {step}: the sampler gap is {gap:.3g} per token, {gap / self.baseline:.1f}x the mean of the "
+                    f"run's first steps ({self.baseline:.3g}); the run goes on (it stops above {self.ceiling:g}). "
+                    f"A gap that keeps growing suggests the engine misses part of the weights")
+        return None
