@@ -1,19 +1,14 @@
 """A run's settings: the presets, the flags, and the checks that refuse what cannot work.
 
-A setting comes from the first of: the flag on the command line; the method's values
-(METHOD_DEFAULTS, from the method's row of rewards.METHOD_TABLE); the preset's (PRESET_TABLE, one row a
-setting with its value in each preset: `classroom`, the default with no --model, runs the tiny
-world of world.py; `official`, the default with --model, is the paper's recipe as the official
-scripts run it; a model folder a run of this project wrote keeps that run's preset: `preset_of`).
-`python train.py --help` prints each flag's value in each preset and method, from these tables.
+A setting comes from the first of: the flag on the command line; the method's values (METHOD_DEFAULTS, from its
+row of rewards.METHOD_TABLE); the preset's (PRESET_TABLE, the one place a default is written: `classroom`, the
+default without --model, runs the tiny world of harness/world.py; `official`, the default with --model, is the
+paper's recipe as the official scripts run it; a model folder a run of this project wrote keeps that run's preset,
+`preset_of`). `python train.py --help` prints each flag's value in each preset and method, from these tables.
 
-A mistake in what was asked for raises a UsageError: train.py prints its message alone and exits
-with status 2 (`exit_on_usage_error`).
-
-`--resume` continues a run with its checkpoint's configuration (`resume_settings`): flags given
-again must agree with it, except those in MAY_CHANGE_ON_RESUME. Settings that cannot work (a group
-of one response, no steps, mini-batches that do not split a rank's sequences, ...) are refused
-before any compute (`check_settings`).
+`--resume` continues a run with its checkpoint's configuration (`resume_settings`): flags given again must agree
+with it, except those in MAY_CHANGE_ON_RESUME. Settings that cannot work are refused before any compute, in one
+line (`check_settings`; harness/errors.py).
 """
 import argparse
 import os

@@ -5,46 +5,34 @@
     python train.py --ranks 8 --method coreward1 --model Qwen/Qwen3-4B-Base --data openrs
 
 One step (`training_step`):
-1. take P questions; each rank takes P / world_size of them. The two-view methods (coreward1,
-   coreward3) take each with its rephrasing q' (`--views both`, the only choice for them);
-   every other method trains on the original questions only (`--views original`, its default),
-   as the official scripts do, and `--views both` gives it the twins as two independent questions;
+1. take P questions, each rank P / world_size of them; the two-view methods (coreward1, coreward3) take each
+   with its rephrasing q' (`--views both`); the others train on the originals, as the official scripts do;
 2. sample G responses to each question (and view) with the rollout engine (rollout.py);
-3. label each group and reward each response (rewards.py, where a method is one row of
-   METHOD_TABLE: who votes, what the teacher answers, the KL anchor, the reward); for coreward1
-   the majority answer over the q' responses labels the q responses and vice versa; for coreward2
-   the EMA teacher (teacher.py) samples G responses per question too and its majority is the
-   label; for coreward3 (Co-rewarding-III) the teacher answers both views and its vote on each
-   question's other view is the label; for coreward2_rephrased it answers the rephrasings while
-   the policy trains on the originals (`--teacher_prompts rephrased`); the answer-free baselines
-   (self_certainty, entropy) score responses by the policy's token distributions instead;
-4. the update (grpo.update): shape overlong responses, keep the groups the group filter keeps,
-   normalise the rewards within each group into advantages, and take the update(s): the policy
-   term with a k3 KL penalty to the frozen start model, or to the teacher for the teacher
-   methods; by default a two-view method's loss is J(q) + J(q'), one token mean per view
-   (grpo.py, THE LOSS FAMILY);
+3. label each group and reward each response (rewards.py: a method is one row of METHOD_TABLE, saying who
+   votes for a group's label, what the EMA teacher of teacher.py answers, the KL anchor and the reward);
+4. the update (grpo.update): shape overlong responses, filter groups, normalise each group's rewards into
+   advantages, and take the update(s) of the policy loss with its k3 KL term to the start model (or to the
+   teacher); by default a two-view method's loss is J(q) + J(q'), one token mean per view;
 5. move the teacher towards the policy (EMA), and load the updated weights into the engine.
 
-`main` sets up and runs the loop (`train`): a step, its record (harness/record.py), an evaluation
-every --eval_every steps, a checkpoint every --save_every. The settings and presets are config.py's;
-the run's folder, logs, checkpoints, restarts and stop signals are the harness's (harness/README.md).
-The run stops before the optimizer step at the first NaN or infinite loss, gradient norm or sampler
-gap: nothing non-finite reaches the weights or a saved model.
+`main` sets up and runs the loop (`train`): a step, its record, an evaluation every --eval_every steps, a
+checkpoint every --save_every. Settings are config.py's; the run's folder, logs, checkpoints, restarts and
+signals are the harness's (harness/README.md). A NaN or infinite loss, gradient norm or sampler gap stops the run
+before the optimizer step: nothing non-finite reaches the weights or a saved model.
 
 The step's collectives, in order (every rank reaches each, or the ranks wait for ever):
-- the teacher methods: the teacher's weights into the engine (`sync_engine_weights`: an all-gather
-  per parameter, then an all-reduce of the engines' verdicts);
-- the answer-free methods: the responses' scores (`score_responses`: the count of passes, a MAX
-  all-reduce in `micro_batches_for_all_ranks`, then FSDP's all-gathers in each forward);
+- the teacher methods: the teacher's weights into the engine (`sync_engine_weights`: an all-gather per parameter,
+  then an all-reduce of the engines' verdicts);
+- the answer-free methods: the responses' scores (`score_responses`: a MAX all-reduce of the count of passes in
+  `micro_batches_for_all_ranks`, then FSDP's all-gathers in each forward);
 - `--advantage_std batch`: the step's rewards' count, sum and sum of squares (`batch_std`, an all-reduce);
-- `train_step`: the reference's log-probs (as the scores), then for each update the normalisers' counts
-  (`loss_normalizers_over_ranks`, an all-reduce), the count of passes, FSDP's all-gathers
-  and reduce-scatters in each forward and backward, the count of non-finite values (an
-  all-reduce) and the gradient norm (`clip_grad_norm_`, an all-reduce over the shards);
+- `train_step`: the reference's log-probs (as the scores), then for each update the normalisers
+  (`loss_normalizers_over_ranks`, an all-reduce), the count of passes, FSDP's all-gathers and reduce-scatters,
+  the count of non-finite values (an all-reduce) and the gradient norm (`clip_grad_norm_`);
 - the updated policy's weights into the engine (`Models.sync_engine`, as the teacher's);
 - the step's record (`step_record_over_ranks`: an all-reduce of the sums, an all-gather of the votes).
-The loop around the step adds the evaluations' all-reduce (`all_sum`), the stop signals' all-reduce
-(`StopSignals.agreed_over_ranks`) and the checkpoints' barriers.
+The loop adds the evaluations' all-reduce (`all_sum`), the stop signals' (`StopSignals.agreed_over_ranks`) and the
+checkpoints' barriers.
 """
 import dataclasses
 import functools
@@ -217,12 +205,9 @@ def training_questions(args, encode, rank):
 
 
 def build_models(args, model_dir, device, pad_id):
-    """Policy, KL anchor (and teacher), optimizer, schedule and rollout engine.
-
-    Built sharded: no rank ever holds a whole model on its device. The policy keeps fp32 weights for
-    AdamW and computes in --dtype. A method with a teacher (its row of rewards.METHOD_TABLE) has the EMA
-    teacher, fp32 for its averaging. The KL anchor is the row's: the teacher, or the frozen start model, kept
-    in --dtype as it only runs forwards."""
+    """Policy, KL anchor (and teacher), optimizer, schedule and rollout engine, sharded: no rank holds a whole
+    model. The policy keeps fp32 weights for AdamW and computes in --dtype; the EMA teacher is fp32 for its
+    averaging; a frozen start model as KL anchor is kept in --dtype, as it only runs forwards."""
     dtype = getattr(torch, args.dtype)
     method = METHODS[args.method]
     policy = load_sharded(model_dir, device, torch.float32, dtype, args.activation_checkpointing, args.compile_layers)
@@ -240,9 +225,8 @@ def build_models(args, model_dir, device, pad_id):
 
 def cosine_with_warmup(total_steps, warmup_ratio):
     """The learning-rate factor of training step `step` (0-based): a linear warm-up over the first
-    max(1, int(total_steps * warmup_ratio)) steps (1/warmup, 2/warmup, ..., 1), then a cosine from 1
-    towards 0. It counts training steps, not optimizer updates: the scheduler moves once per step, so
-    a step's mini-batch updates share one rate."""
+    max(1, int(total_steps * warmup_ratio)) steps, then a cosine from 1 towards 0. It counts steps, not
+    optimizer updates: a step's mini-batch updates share one rate."""
     warmup = max(1, int(total_steps * warmup_ratio))
     def factor(step):
         if step < warmup:
@@ -273,7 +257,7 @@ def evaluate(step, engine, eval_set, args, device, log, rank, tokenizer):
         tqdm.write(f"eval @ step {step}: {shown}")
 
 
-def read_inputs(args, resume, rank, world_size):
+def read_inputs(args, resume_from, rank, world_size):
     """Every input of the run, read and checked (before --overwrite deletes an earlier run): the model folder,
     its tokenizer, the prompt encoder, the training questions, their fingerprints (checked against a resumed
     checkpoint's) and the evaluation set. Sets --steps from --epochs."""
@@ -292,8 +276,8 @@ def read_inputs(args, resume, rank, world_size):
         print(warning)
     fingerprints = {"questions": checkpoint.questions_fingerprint(pairs),
                     "model": checkpoint.model_fingerprint(model_dir)}
-    if resume is not None:                          # before anything slow: the data and model it was trained on
-        resume.check_fingerprints(resume, fingerprints)
+    if resume_from is not None:                     # before anything slow: the data and model it was trained on
+        resume.check_fingerprints(resume_from, fingerprints)
     if args.steps is None:
         args.steps = run_length(args.epochs, len(pairs), args.questions_per_step)
 
@@ -310,10 +294,10 @@ def run_length(epochs, pairs, questions_per_step):
     return max(1, int(epochs * (pairs // questions_per_step)))
 
 
-def show_step(step, record, bar, watches, rank):
+def show_step(step, record, bar, watchers, rank):
     """The console's view of a step: the progress bar's figures, and the watches' warnings (rank 0). The sampler
     gap's watch stops the run past its ceiling (watches.SamplerGapWatch)."""
-    collapse, gap = watches
+    collapse, gap = watchers
     for warning in (collapse.update(record), gap.check(step, record)):
         if warning and rank == 0:
             tqdm.write(warning)

@@ -5,14 +5,11 @@ from harness.errors import SamplerGapStop
 
 
 class CollapseWatch:
-    """Warns (it does not stop the run) when the label-free diagnostics signal a collapse, averaged
-    over the last WINDOW steps: at least 0.8 of the groups are unanimous (the policy says one answer
-    to each question, right or wrong) or have zero reward variance (no learning signal); at least
-    0.8 of the responses have no answer or are cut at the length limit (degenerate text); or the
-    most common majority answer is that of at least 0.2 of the questions (one answer whatever the
-    question: the reward hack of a vote). The study (study/README.md) shows where healthy and collapsing
-    classroom runs sit against these limits. It warns when a rule starts to hold, and again only
-    after the rules have stopped holding (a resumed run starts watching afresh)."""
+    """Warns (it does not stop the run) when the label-free diagnostics, averaged over the last WINDOW steps, reach
+    THRESHOLDS: groups unanimous (one answer to each question, right or wrong) or with zero reward variance (no
+    signal); responses without an answer or cut at the length limit (degenerate text); or one majority answer for
+    many questions (the reward hack of a vote). study/README.md shows where healthy and collapsing runs sit. It warns
+    when a rule starts to hold, and again only after the rules stopped holding (a resumed run watches afresh)."""
     WINDOW = 10
     THRESHOLDS = {"unanimous": 0.8, "zero_variance": 0.8, "no_answer": 0.8, "truncated": 0.8, "common_answer": 0.2}
 
@@ -34,30 +31,20 @@ class CollapseWatch:
         return None
 
 
-# The sampler gap a correct run of each precision cannot reach (mean |engine - trainer| log-prob per token), and
-# how it was set: fp32 on a CPU stayed at or under 5.1e-7 in every step of the committed classroom studies (47
-# runs, up to 300 steps); bf16 stayed at or under 0.003 in the runs of study/bf16 (the classroom, 300
-# steps, vLLM and transformers' engine), and public reports for 4B models give 0.01-0.04, rising slowly over
-# training. Each ceiling is far above what its precision showed (2,000x for fp32, about 7x the public 4B
-# figures for bf16) and below what an engine left on stale weights reaches within a few steps at a learning
-# rate that moves the weights (study/bf16/README.md).
+# The sampler gap a correct run of each precision cannot reach (mean |engine - trainer| log-prob per token): fp32 on
+# a CPU stayed at or under 5.1e-7 in every step of the committed classroom studies (47 runs); bf16 at or under 0.003
+# in study/bf16, and public reports for 4B models give 0.01-0.04. Each ceiling is far above what its precision
+# showed and below what an engine on stale weights soon reaches (study/bf16/README.md).
 SAMPLER_GAP_CEILING = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.25}
 
 
 class SamplerGapWatch:
-    """The sampler gap (`sampler_gap`: the mean |engine - trainer| log-prob per token of the engine's own
-    samples) as a health signal. The exact check of each sync is the engine's own (rollout.py: every tensor
-    sent and taken, a sample read back bit for bit); this watch reads what the samples show.
-
-    - A warning when the gap jumps: above --sampler_gap_factor times the mean of the run's first
-      BASELINE_STEPS steps, and again each time it doubles past the last warning. bf16 kernels differ by a
-      gap that may grow as training goes on, so a jump alone does not stop the run.
-    - A stop when the gap passes the ceiling of the run's precision (SAMPLER_GAP_CEILING, or
-      --max_sampler_gap): an engine on other weights than the trainer's. A skipped or partial sync passes it
-      once the weights it left out have moved far enough; at a small learning rate that may take many steps,
-      and only the read-back sees it sooner (GPUS.md, the weight sync).
-
-    `first` (the first steps' gaps) goes into checkpoints, so that a resumed run keeps its baseline."""
+    """The sampler gap (`sampler_gap`: the mean |engine - trainer| log-prob per token of the engine's own samples)
+    as a health signal; the exact check of each sync is weightcheck.py's. A warning when the gap passes
+    --sampler_gap_factor times the mean of the first BASELINE_STEPS steps, and again each time it doubles (bf16
+    kernels' gap may grow with training); a stop past the ceiling of the run's precision (SAMPLER_GAP_CEILING, or
+    --max_sampler_gap): an engine on other weights than the trainer's. `first` goes into checkpoints, so that a
+    resumed run keeps its baseline."""
     BASELINE_STEPS = 3
 
     def __init__(self, ceiling, factor, first=()):

@@ -291,3 +291,23 @@ dist.destroy_process_group()
         words = (tmp_path / f"rank{rank}.txt").read_text()
         assert words.startswith("the weight sync into the rollout engine failed on rank 1: its o_proj was not taken. "
                                 "The engine would sample"), words
+
+
+TINY = ["--steps", "1", "--questions_per_step", "2", "--group_size", "2", "--eval_limit", "4", "--eval_k", "0",
+        "--save_every", "0", "--backend", "hf"]
+
+
+def test_a_run_gives_its_folder_back_when_main_returns(tmp_path):
+    """train.main holds --out's locks while its run lives and gives them back when it returns, whether the run
+    finished or stopped on an error (whose traceback keeps main's frame alive): a run and its resume can run in one
+    process, one after the other."""
+    import fcntl
+    from harness.errors import MissingInput
+    from test_train import run_in_process
+    finished = run_in_process(tmp_path / "finished", "gt", *TINY)
+    failed = run_in_process(tmp_path / "failed", "gt", *TINY, "--data", str(tmp_path / "missing.parquet"))
+    assert finished.error is None and isinstance(failed.error, MissingInput), (finished.error, failed.error)
+    for out in ("finished", "failed"):
+        for lock in (".run.lock", ".workers.lock"):
+            with open(tmp_path / out / lock) as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)     # BlockingIOError while anything holds it

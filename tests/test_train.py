@@ -23,7 +23,6 @@ import train
 from harness import world
 from harness.answers import majority_vote
 from conftest import ROOT
-import grpo
 from grpo import group_advantages
 from harness import errors
 from harness.errors import NonFiniteError
@@ -65,7 +64,7 @@ def run_in_process(out, method, *extra):
     """train.main with its train_step and ema_update recording their arguments; an exception
     that stops the run is kept in `error`."""
     run = Run(str(out), [])
-    real_step, real_ema = train.train_step, train.ema_update
+    real_step, real_ema = grpo.train_step, train.ema_update
 
     def train_step(policy, ref, optimizer, batch, cfg, world_size, **kwargs):
         call = {"policy": policy, "ref": ref, "lr": optimizer.param_groups[0]["lr"], "ref_weights": _clone(ref), "cfg": cfg,
@@ -81,7 +80,7 @@ def run_in_process(out, method, *extra):
         run.emas.append({"teacher": teacher, "policy": policy, "alpha": alpha, "teacher_after": _clone(teacher)})
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(train, "train_step", train_step)
+        mp.setattr(grpo, "train_step", train_step)
         mp.setattr(train, "ema_update", ema_update)
         try:
             train.main(["--method", method, "--out", str(out), *extra])
@@ -495,7 +494,7 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
 
 
 def test_the_run_refuses_bad_settings_before_any_compute(tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "init_distributed", lambda: pytest.fail("started a process group"))
+    monkeypatch.setattr(train, "init_distributed", lambda *a: pytest.fail("started a process group"))
     with pytest.raises(ValueError, match="--group_size 1 must be at least 2"):
         train.main(["--method", "coreward1", "--group_size", "1", "--out", str(tmp_path / "x")])
     assert not (tmp_path / "x").exists()
