@@ -53,8 +53,8 @@ PRESET_TABLE = [
     ("activation_checkpointing",   False,         True),
     ("compile_layers",             False,         False),
     ("defer_grad_sync",            False,         False),
-    ("group_filter",               "none",        "none"),    # as the official code: grpo.py, GROUP FILTERS
-    ("rollout_correction",         "none",        "none"),    # as the official code: grpo.py, ROLLOUT CORRECTION
+    ("group_filter",               "none",        "none"),    # as the official code: grpo.py, GROUP_FILTER_TABLE
+    ("rollout_correction",         "none",        "none"),    # as the official code: grpo.py, ROLLOUT_CORRECTION_TABLE
     ("rollout_correction_cap",     2.0,           2.0),       # verl's rollout_is_threshold (TRL's cap: 3)
     # the loss family (grpo.py, THE LOSS FAMILY): each off, as the official code
     ("policy_loss",                "clip",        "clip"),
@@ -244,13 +244,13 @@ FLAGS = [
     ("defer_grad_sync", dict(action=argparse.BooleanOptionalAction),
      "reduce-scatter gradients once per update instead of after every micro-batch (keeps unsharded gradients in "
      "between: bench/scale.py's memory account)"),
-    ("group_filter", dict(choices=GROUP_FILTERS), "which groups train (grpo.py, GROUP FILTERS): none, or "
+    ("group_filter", dict(choices=GROUP_FILTERS), "which groups train (grpo.py, GROUP_FILTER_TABLE): none, or "
                                                   "zero_variance (DAPO's filter: drop the groups whose rewards are "
                                                   "all equal, without re-sampling)"),
     ("rollout_correction", dict(choices=ROLLOUT_CORRECTIONS),
      "weight each response token's policy term by pi_old / pi_sampler, the trainer's probability over the rollout "
      "engine's, against their mismatch: none (the official code), tis (truncated at the cap), mis (masked above "
-     "it), seq_tis and seq_mis (the response's product of ratios); grpo.py, ROLLOUT CORRECTION"),
+     "it), seq_tis and seq_mis (the response's product of ratios); grpo.py, ROLLOUT_CORRECTION_TABLE"),
     ("rollout_correction_cap", dict(type=float), "the cap C of --rollout_correction"),
     ("policy_loss", dict(choices=POLICY_LOSSES_SHOWN), "the policy term (grpo.py, POLICY_LOSS_TABLE): clip (PPO's clip "
                                                        "of each token's ratio), gspo (the response's ratio, clipped "

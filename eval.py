@@ -1,37 +1,23 @@
 """Evaluation: greedy accuracy, avg@k, maj@k and pass@k of a model on held-out questions.
 
-    greedy   one response at temperature 0, graded against the ground truth (what the official
-             scripts validate with during training: greedy on the 5,000 MATH test questions)
-    avg@k    k responses at the sampling temperature; the fraction that is right, averaged over
-             questions: an estimate of pass@1 at that temperature, from k samples instead of one
+    greedy   one response at temperature 0 (the official scripts validate with greedy on the 5,000 MATH test questions)
+    avg@k    the share of k samples that are right, averaged over questions: pass@1 at the temperature, estimated from k
     maj@k    the majority answer of those k responses is right
-    pass@j   the chance that at least one of j responses is right, for j = 1, 2, 4, ... below k and k
-             itself, estimated without bias from the k (Chen et al. 2021); pass@1 is avg@k
-    boxed    the share of all 1 + k responses with a final answer (a \\boxed{}): whether the model
-             writes the format the rewards read at all
+    pass@j   the chance that at least one of j responses is right, for j = 1, 2, 4, ... below k and k itself,
+             estimated without bias from the k (Chen et al. 2021); pass@1 is avg@k
+    boxed    the share of all 1 + k responses with a final answer (a \\boxed{}), the format the rewards read
 
-The paper's metrics (Appendix C.3, Table 5): MATH500 and GSM8K as pass@1 (lighteval), AMC as
-avg@8 (ttrl), all at temperature 0.8. `--paper` measures them: those three benchmarks, k = 8,
-temperature 0.8, responses up to 3,072 tokens (the training limit; the paper states none for
-evaluation), and prints each next to the paper's Table 8 for the seed model (Qwen3-4B-Base on
-OpenRS). pass@1 is reported as avg@8, the same expectation with less variance.
-
-`eval_counts` returns sums, not means, so that ranks evaluating disjoint shares of the
-questions can add them up; `accuracies` turns the sums into fractions.
+The paper's metrics (Appendix C.3, Table 5): MATH500 and GSM8K pass@1 (lighteval), AMC avg@8 (ttrl), at temperature
+0.8. `--paper` measures all three as avg@8 (pass@1's expectation, with less variance) at 0.8, up to 3,072 tokens (the
+training limit; the paper states none for evaluation), beside Table 8's values for Qwen3-4B-Base on OpenRS.
 
     python eval.py --model runs/coreward1/final          # the classroom test split
     python eval.py --model runs/coreward1/checkpoints/step_40      # a training checkpoint
-    python eval.py --model models/smollm2-135m --benchmarks math500,gsm8k,amc,amc23,aime24,aime25 \\
-        --k 8 --temperature 0.8 --max_tokens 3072 --out runs/eval/smollm2
     python eval.py --model runs/coreward1-Qwen3-4B-Base/final --paper   # the paper's Table 8 metrics
 
-Benchmarks: `classroom` (the default) and the shipped sets of data.py (math500, gsm8k, amc,
-amc23, aime24, aime25, math5000). The paper samples at temperature 0.8; the classroom default
-stays at 1.0, its training temperature. Writes results.md (the table) and results.json to --out,
-by default runs/eval/ and a name made from the model's path and a hash of it (`default_out`), so
-that two models never share a folder; results already there are kept unless --overwrite.
-A training checkpoint is first written out as a model folder, in a temporary directory
-(checkpoint.to_hf), which is removed afterwards.
+Benchmarks: `classroom` (the default, at its training temperature 1.0) and harness/data.py's math500, gsm8k, amc,
+amc23, aime24, aime25, math5000. Writes results.md and results.json to --out (`default_out`), keeping results already
+there unless --overwrite. A training checkpoint is first written out as a temporary model folder (checkpoint.to_hf).
 """
 import argparse
 import hashlib
@@ -47,8 +33,7 @@ from harness import checkpoint, data
 from harness.errors import FolderInUse, exit_on_usage_error
 from harness.answers import extract_answer, is_equiv, majority_vote
 
-# The settings of a run's own evaluation: the classroom preset's on the classroom, the official's elsewhere, so that
-# eval.py reproduces what training printed.
+# The classroom preset's settings on the classroom, the official's elsewhere: eval.py reproduces what training printed.
 CLASSROOM, OFFICIAL = config.PRESETS["classroom"], config.PRESETS["official"]
 PAPER_BENCHMARKS = {"math500": "MATH500 pass@1", "gsm8k": "GSM8K pass@1", "amc": "AMC avg@8"}
 # The paper's Table 8 (p. 21), Qwen3-4B-Base trained on OpenRS, in percent: MATH500 / GSM8K / AMC.
@@ -59,11 +44,9 @@ PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55),
 
 
 def pass_at_k(n, c, k):
-    """pass@k of a question with n samples, c of them right: the chance that at least one of k samples
-    drawn without replacement from the n is right, 1 - C(n - c, k) / C(n, k), the unbiased estimator of
-    Chen et al. (2021, "Evaluating Large Language Models Trained on Code", Codex), 1.0 when n - c < k.
-    Computed as their product form, 1 - prod_{i = n - c + 1}^{n} (1 - k / i), which has no large
-    binomials. For 1 <= k <= n and 0 <= c <= n."""
+    """pass@k of a question with n samples, c of them right: the chance that at least one of k samples drawn
+    without replacement from the n is right, 1 - C(n - c, k) / C(n, k), the unbiased estimator of Chen et al.
+    (2021, Codex), 1.0 when n - c < k; computed as their product form 1 - prod_{i = n - c + 1}^{n} (1 - k / i)."""
     if not 1 <= k <= n:
         raise ValueError(f"pass@k needs 1 <= k <= n (k of the n samples), got k={k}, n={n}")
     if not 0 <= c <= n:
@@ -74,22 +57,19 @@ def pass_at_k(n, c, k):
 
 
 def pass_ks(k):
-    """The j of the pass@j that an evaluation with k samples reports: the powers of two below k, and k
-    (k = 8: 1, 2, 4, 8; k = 5: 1, 2, 4, 5; k = 0: none)."""
+    """The j of the pass@j reported with k samples: the powers of two below k, and k (k = 5: 1, 2, 4, 5)."""
     return [2 ** e for e in range(k.bit_length()) if 2 ** e < k] + ([k] if k >= 1 else [])
 
 
 def eval_counts(engine, prompt_ids, gold, k=CLASSROOM["eval_k"], temperature=CLASSROOM["eval_temperature"],
                 max_tokens=CLASSROOM["max_response_len"], seed=CLASSROOM["seed"], indices=None, keep=0):
-    """(sums, examples) over this share of the questions. sums: {"n", "greedy", "avg", "maj", "boxed"} and,
-    when k > 0, "pass" (pass@k at j = k: any of the k samples is right) and "pass@j" for j in pass_ks(k),
-    each the sum over questions of pass_at_k(k, right ones, j).
-    examples: the first `keep` questions' greedy response and first sample, each with its extracted
-    answer, the gold answer and its 0/1 reward (train.py writes them to samples.jsonl). `indices` are the
-    questions' places in the benchmark (default 0, 1, ...): question i samples with the seed
-    rollout.request_seed(seed, "eval", 0, i), so a share gives what the whole would. The step is
-    left out of the seed: every evaluation of a run samples each question from the same streams,
-    so that evaluations differ by the model alone, and eval.py reproduces any of them."""
+    """(sums, examples) over this share of the questions: sums, not means, so that ranks' shares add up.
+    sums: {"n", "greedy", "avg", "maj", "boxed"} and, when k > 0, "pass" (pass@k: any of the k is right) and "pass@j"
+    for j in pass_ks(k), each the sum over questions of pass_at_k(k, right ones, j). examples: the first `keep`
+    questions' greedy response and first sample, with answer, gold and 0/1 reward (train.py writes samples.jsonl).
+    Question i (`indices`: places in the benchmark, default 0, 1, ...) samples with the seed
+    rollout.request_seed(seed, "eval", 0, i), without the step: every evaluation samples a question from the same
+    streams, so evaluations differ by the model alone, a share gives what the whole would, and eval.py repeats any."""
     from rollout import request_seed
     indices = range(len(prompt_ids)) if indices is None else indices
     seeds = [request_seed(seed, "eval", 0, i) for i in indices]
@@ -97,7 +77,7 @@ def eval_counts(engine, prompt_ids, gold, k=CLASSROOM["eval_k"], temperature=CLA
     sampled = engine.generate(prompt_ids, n=k, temperature=temperature, max_tokens=max_tokens, seeds=seeds) if k else \
         [[] for _ in prompt_ids]                  # k = 0: greedy only, as the official scripts validate
     sums, examples = {"n": len(gold), "greedy": 0.0, "avg": 0.0, "maj": 0.0, "boxed": 0.0}, []
-    if k:                   # the same keys on every rank, whatever its share: sharding.all_sum adds them up
+    if k:                   # the same keys on every rank: harness.sharding.all_sum adds them up
         sums.update({"pass": 0.0, **{f"pass@{j}": 0.0 for j in pass_ks(k)}})
     for place, (i, g, group, answer) in enumerate(zip(indices, greedy, sampled, gold)):
         answers = [extract_answer(s.text) for s in group]
@@ -120,9 +100,7 @@ def eval_counts(engine, prompt_ids, gold, k=CLASSROOM["eval_k"], temperature=CLA
 
 
 def accuracies(sums, k):
-    """Fractions of the sums; avg@k and maj@k are None when nothing was sampled (k = 0). boxed is over all
-    n * (1 + k) responses. When k > 0, also "pass" (the mean pass@k at j = k) and "pass@j" for j in
-    pass_ks(k); at k = 0 they are absent."""
+    """Fractions of the sums, boxed over all n * (1 + k) responses; at k = 0 avg and maj are None, no pass@j."""
     n, sampled = max(sums["n"], 1), k > 0
     fractions = {"greedy": sums["greedy"] / n, "avg": sums["avg"] / n if sampled else None,
                  "maj": sums["maj"] / n if sampled else None, "boxed": sums["boxed"] / (n * (1 + k))}
@@ -132,9 +110,8 @@ def accuracies(sums, k):
 
 
 def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None, prompt="official"):
-    """Prompt ids and gold answers of a benchmark ('classroom' or one of data.BENCHMARKS) in the
-    training prompt format (data.PROMPTS[prompt]); with max_prompt_len, longer prompts are dropped
-    and counted."""
+    """Prompt ids and gold answers of a benchmark ('classroom' or one of data.BENCHMARKS) in the training prompt
+    format (data.PROMPTS[prompt]); with max_prompt_len, longer prompts are dropped and counted."""
     encode = data.prompt_encoder(tokenizer, name == "classroom", prompt)
     if name == "classroom":
         pairs = data.classroom_pairs("test")[:limit]
@@ -170,9 +147,8 @@ def paper_lines(results):
 
 
 def default_out(model):
-    """runs/eval/NAME for a model folder or checkpoint: NAME is its path (as given, `/` as `_`) and
-    8 hex digits of its absolute path, so that `runs/a/final` and `runs/b/final` get folders of
-    their own, and the same model always the same folder."""
+    """runs/eval/NAME: the model's path (`/` as `_`) and 8 hex digits of a hash of its absolute path, so that
+    `runs/a/final` and `runs/b/final` get folders of their own, and the same model always the same folder."""
     path = os.path.abspath(model)
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.normpath(model)).strip("._") or "model"
     return os.path.join("runs", "eval", f"{readable[-80:]}-{hashlib.sha1(path.encode()).hexdigest()[:8]}")
@@ -230,7 +206,6 @@ def main(argv=None):
         raise FolderInUse(f"{out} already holds results (results.json); pass --overwrite to replace them, "
                               f"or --out another folder. Nothing was run")
     with tempfile.TemporaryDirectory() as tmp:
-        # a training checkpoint: its policy becomes a model folder first, which the engines load
         model_dir = checkpoint.to_hf(model, tmp) if checkpoint.is_checkpoint(model) else model
         results = evaluate_model(model_dir, args)
     table = markdown_table(results, args.k)

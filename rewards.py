@@ -1,57 +1,41 @@
 """Rewards: who labels a response, and the reward it gets. A method is one row of METHOD_TABLE.
 
-Every answer-based method gives a response reward 1 when its final answer (the last
-\\boxed{...}) is mathematically equal to its group's label, and 0 otherwise (`agreement`); a
-response without an answer, or a group without a label (none of its voters answered), gets 0.
-The label is the majority answer of the group's voters, and methods differ in who votes (the
+An answer-based method gives a response reward 1 when its final answer (the last \\boxed{...}) is mathematically equal
+to its group's label, else 0 (`agreement`); a response without an answer, or a group without a label (none of its
+voters answered), gets 0. The label is the majority answer of the group's voters, and methods differ in who votes (the
 label source, LABEL_SOURCES):
 
-    gold                       the ground truth is the label (RLVR, `gt`; the upper baseline)
+    gold                       the ground truth (RLVR, `gt`; the upper baseline)
     own vote                   the group's own G responses (TTRL / SRT, `majority`)
-    other view's vote          the G responses to the other view of the question: the rephrased
-                               view's vote labels the original's responses, and vice versa
-                               (Co-rewarding-I, `coreward1`)
-    teacher's vote             G responses of the EMA teacher (teacher.py) to the prompts it
-                               answers: the policy's own (Co-rewarding-II, `coreward2`), or their
-                               rephrasings, so that the policy samples and trains on the original
-                               questions only (`coreward2_rephrased`: the official Co-rewarding-II
-                               code run with data.use_aug=True)
-    teacher's other-view vote  the teacher answers both views, and its vote on each group's other
-                               view labels it (Co-rewarding-III, `coreward3`, as the authors'
-                               Co-rewarding-III/ code does)
-    both views' vote           the 2G responses to both views of the question vote together, and
-                               their majority labels both groups (`coreward1_union`, a variant)
-    a coin                     no one: each response's reward is a fair coin, seeded by its group
-                               (run seed, step, question, view), blind to the answer (`random`, the
-                               control of Spurious Rewards, Shao et al. 2025: what a reward with no
-                               information about the answer teaches)
+    other view's vote          the G responses to the other view of the question: the rephrasing's vote labels the
+                               original's responses, and vice versa (Co-rewarding-I, `coreward1`)
+    teacher's vote             G responses of the EMA teacher (teacher.py) to the policy's prompts (Co-rewarding-II,
+                               `coreward2`), or to their rephrasings, the policy training on the originals only
+                               (`coreward2_rephrased`: the official Co-rewarding-II code with data.use_aug=True)
+    teacher's other-view vote  the teacher answers both views, and its vote on each group's other view labels it
+                               (Co-rewarding-III, `coreward3`, as the authors' Co-rewarding-III/ code does)
+    both views' vote           the 2G responses to both views vote together, and their majority labels both groups
+                               (`coreward1_union`, a variant)
+    a coin                     no one: a fair coin per response, seeded by its group (run seed, step, question, view),
+                               blind to the answer (`random`, the control of Spurious Rewards, Shao et al. 2025)
 
-Which views vote (LabelSource.views): the group's own (`own`), its twin's (`other`) or both
-(`both`). A vote over both views takes the original's answers first, then the rephrasing's, for
-either group, so that the tie rule (answers.majority_vote: the class whose first member came
-first) gives the two groups one label; `voters[i] + voters[twin(i)]` would not.
+A vote over both views takes the original's answers first, then the rephrasing's, for either group, so that the tie
+rule (majority_vote, harness/answers.py: the class whose first member came first) gives the two groups one label.
 
-Two baselines need no answer at all (label source none): their reward is a response's mean over
-its tokens of a value of the policy's token distribution there (grpo.score_responses):
+Two baselines need no answer (label source None): a response's reward is its token mean of a value of the policy's
+distribution (grpo.score_responses): KL(Uniform || p) for `self_certainty` (Intuitor), -entropy for `entropy` (RENT).
 
-    self_certainty   KL(Uniform || p)   (Intuitor)
-    entropy          minus the entropy  (RENT)
+A step's groups come as one flat list: [0, P) the original questions and, when the run samples both views
+(`--views both`: always for the methods labelled by the other view), [P, 2P) their rephrasings, so group i's twin is
+`twin(i) = (i + P) mod 2P`. The other methods train on the originals only by default, as the official scripts do;
+with both views they treat the two as independent questions. The teacher's groups come in the order of its prompts.
 
-A step's groups come as one flat list: groups [0, P) are the original questions and, when the
-run samples both views (`--views both`: the methods labelled by the other view always, the
-others on request), [P, 2P) their rephrasings, so group i's twin is `twin(i) = (i + P) mod 2P`.
-The other methods train on the original questions only by default, as the official scripts do;
-with both views they treat the two as independent questions. The teacher's groups come in the
-same order as the prompts it answered: for coreward2_rephrased group i of the teacher answered the
-rephrasing of the policy's group i.
+A new reward is one function beside `agreement` (answers, labels, voters -> rewards) or beside `self_certainty`
+(log-probs over the vocabulary -> a value per token), and one row of the table.
 
-A new reward is one function beside `agreement` (answers, labels, voters -> rewards) or beside
-`self_certainty` (log-probs over the vocabulary -> a value per token), and one row of the table.
-
-Departure from the official code: answers are compared and voted on as mathematics
-(answers.py), not as raw strings, so "\\frac12", "0.5" and "1/2" are one answer. The official
-reward managers vote on the strings and give 1 to a response whose string equals the label
-(Co-rewarding-III's `_answers_equal` strips the spaces around both); an empty \\boxed{} is no answer in both.
+Departure from the official code: answers are compared and voted on as mathematics (harness/answers.py), not as
+strings, so "\\frac12", "0.5" and "1/2" are one answer; the official reward managers vote on the strings and reward a
+string equal to the label (Co-rewarding-III's `_answers_equal` strips spaces). An empty \\boxed{} is no answer in both.
 """
 import dataclasses
 import math
@@ -63,7 +47,7 @@ from harness.answers import is_equiv, majority_vote
 
 
 # --------------------------------------------------------------------------------------------
-# Rewards: of a response's answer, given its group's label and voters; or of a response's tokens
+# Rewards: of a response's answer, given its group's label and voters; or of its tokens
 
 def agreement(answers, labels, voters):
     """[groups][G] rewards in {0, 1}: 1 when the answer equals the group's label (the voters' majority)."""
@@ -77,8 +61,8 @@ def rewards_for(answers, labels):
 
 
 def coin_flip(answers, labels, voters):
-    """[groups][G] rewards in {0, 1}: a fair coin for each response, blind to its answer, from its group's coin seed
-    (its voters: [seed], rollout.request_seed's "reward" role), the Spurious Rewards control (Shao et al. 2025)."""
+    """[groups][G] rewards in {0, 1}: a fair coin per response from its group's coin seed (its voters: [seed],
+    rollout.request_seed's "reward" role)."""
     return [torch.randint(0, 2, (len(group),), generator=torch.Generator().manual_seed(seed)).float().tolist()
             for group, (seed,) in zip(answers, voters)]
 
@@ -98,10 +82,8 @@ def negative_entropy(logp_all):
 
 @dataclasses.dataclass(frozen=True)
 class LabelSource:
-    voters: str            # whose answers vote: "gold" (the ground truth alone), "policy" or "teacher"; or "coin": no
-                           # one, the group's coin seed is its voter and it has no label (the random control)
-    views: str             # the answers to which views vote for a group's label: its "own", its twin's ("other": the
-                           # other view of its question) or "both" (the original's, then the rephrasing's)
+    voters: str            # "gold", "policy" or "teacher"; "coin": the group's coin seed votes, and it has no label
+    views: str             # which views vote: its "own", its twin's ("other") or "both" (original's, then rephrasing's)
 
 
 LABEL_SOURCES = {
@@ -119,10 +101,8 @@ LABEL_SOURCES = {
 class Method:
     name: str
     labels: str | None     # the label source (LABEL_SOURCES); None: an answer-free reward of the tokens
-    views: str             # the views it trains on unless --views says otherwise: "original", or "both" (each
-                           # question with its rephrasing; a method labelled by the other view needs both)
-    teacher: str | None    # what the EMA teacher answers (--teacher_prompts): the policy's "same" prompts or their
-                           # "rephrased" twins; None: no teacher
+    views: str             # the views it trains on unless --views says otherwise: "original", or "both"
+    teacher: str | None    # what the teacher answers (--teacher_prompts): the "same" prompts, or "rephrased"; None
     kl_anchor: str         # the KL term's reference: the frozen "start" model, or the EMA "teacher"
     kl_coef: float | None  # β of the KL term (--kl_coef); None: the preset's
     reward: Callable       # labels: (answers, labels, voters) -> [groups][G]; none: (logp_all [c, V]) -> [c]
@@ -144,8 +124,7 @@ class Method:
 
     @property
     def two_view(self):
-        """Labelled by a vote with the other view's answers in it: it trains on both views, J(q) + J(q'), one token
-        mean per view."""
+        """Labelled with the other view's answers voting: it trains on J(q) + J(q'), one token mean per view."""
         return self.labels is not None and LABEL_SOURCES[self.labels].views != "own"
 
     def settings(self):
@@ -154,8 +133,7 @@ class Method:
                 if v is not None}
 
 
-# One row a method. `python train.py --help` lists them; README.md's list of methods is this table. A new row goes
-# last: study/plot.py colours each method by its place here, and the committed figures keep theirs.
+# README.md's list of methods is this table. A new row goes last: study/plot.py colours methods by their place here.
 #  method                 label source                 views       teacher      KL anchor  β      reward
 METHOD_TABLE = [
     ("gt",                  "gold",                      "original", None,        "start",   None,  agreement),
@@ -190,18 +168,14 @@ def twin(i, n_groups):
 def label_groups(method, answers, ground_truth, teacher_answers=None, coin_seeds=None):
     """(labels, voters): one label per group, and the answers that voted for it (the method's label source).
 
-    answers: [groups][G] extracted answers (None where a response has none), originals first, then
-      (the two-view methods: always) their rephrasings.
-    ground_truth: [groups] gold answers (the label of `gt`, and the metrics of every method).
-    teacher_answers: [groups][G] the teacher's answers, group for group (methods with a teacher's vote): to the
-      same prompts, or for coreward2_rephrased to their rephrasings.
-    coin_seeds: [groups] each group's coin seed (the label source "a coin": the seed is the group's voter, and no
-      group has a label).
+    answers: [groups][G] extracted answers (None where there is none), originals first, then their rephrasings
+    (always for the two-view methods). ground_truth: [groups] gold answers (`gt`'s label; every method's metrics).
+    teacher_answers: [groups][G] the teacher's answers to the same prompts, or for coreward2_rephrased to their
+    rephrasings. coin_seeds: [groups] the label source "a coin"'s voters (no group has a label).
 
-    A vote's label is the largest class of equal answers (answers.majority_vote): a tie goes to the class
-    whose first member came first, and a plurality of one labels, so that a group of G different answers
-    is labelled by its first. A group whose voters gave no answer gets no label (None: its responses get 0).
-    The ground truth is a label as it stands: its voters are [gold].
+    A vote's label is the largest class of equal answers (majority_vote): a tie goes to the class whose first member
+    came first, and a plurality of one labels, so a group of G different answers is labelled by its first. A group
+    whose voters gave no answer gets no label (None: its responses get 0). The gold label's voters are [gold].
     """
     m = method_of(method)
     if m.labels is None:

@@ -5,49 +5,28 @@ Two engines behind the same two calls:
     engine.generate(prompt_ids, n, temperature, max_tokens, seeds=None) -> [[Sample] * n] * len(prompt_ids)
     engine.load_weights(named_tensors)                       # the trainer's current weights
 
-SEEDS. Every sampled request carries its own seed, and response i of a request samples from a
-random stream seeded with seed + i (vLLM seeds a request's n children so; the transformers engine
-keeps a generator per row and does the same). Nothing is drawn from an engine's own random state,
-so what a request samples depends on its seed alone: not on what the engine sampled since it
-started, nor on what else is in the batch, nor on the rank that asks. A run resumed from a
-checkpoint, with a fresh engine, therefore samples exactly what the uninterrupted run would have,
-and a question gets the same responses at 1 rank and at 8: exactly on a CPU, and on a GPU up to
-the kernels' arithmetic, which depends on the batch a request shares. `generate` refuses a sampled
-(temperature > 0) request without a seed; greedy requests need none.
+SEEDS. Every sampled request carries its own seed, and its response i samples from a stream seeded with seed + i
+(vLLM seeds a request's n children so; HFEngine keeps a generator per row). Nothing draws from an engine's own random
+state, so a request's responses depend on its seed alone: not on what the engine sampled before, the batch, or the
+rank. A resumed run, with a fresh engine, samples what the uninterrupted run would have, and a question gets the same
+responses at 1 rank and at 8: exactly on a CPU, on a GPU up to the kernels' arithmetic, which depends on the batch.
+`generate` refuses a sampled (temperature > 0) request without a seed.
 
-`request_seed` derives a request's seed from who asks for what: the run's seed, the role (the
-policy's or the teacher's rollout, an evaluation; tools/rephrase.py's own two; the random reward's coins), the step, the question's index in its
-dataset and the view (0: the original question, 1: its rephrasing), through a stable hash
-(blake2b; Python's `hash()` is salted per process). The rank is not part of it. Seeds are
-multiples of 2**16, so the n ≤ 2**16 children of two requests never share a stream. Evaluations
-pass step 0 whatever the step (eval.eval_counts): each evaluation samples a question from the
-same streams, so that evaluations differ by the model alone, and eval.py reproduces any of them.
+`request_seed` hashes (blake2b; Python's `hash()` is salted per process) the run's seed, the role (ROLES), the step,
+the question's index and the view (0: original, 1: rephrased), not the rank, to a multiple of SEED_STRIDE, so that
+two requests' children never share a stream. Evaluations pass step 0 (eval.eval_counts): they differ by the model
+alone, and eval.py reproduces any of them.
 
-- `VLLMEngine`: vLLM in this process (no engine subprocess), one engine per rank, on the
-  rank's own device: it joins the trainer's process group as vLLM's external launcher does
-  (`engine_arguments`, the one place where the CPU and the GPU engine differ). Its log-probs are
-  the sampler's, after temperature (`logprobs_mode="processed_logprobs"`), so they are
-  comparable to the trainer's log-probs of logits / temperature. Weights are synced with vLLM's
-  `reload_weights`, which takes an iterator of (Hugging Face name, tensor), and each load is
-  checked: every tensor of the start checkpoint sent in its shape, and a few parameters read back
-  from the engine equal, bit for bit, to what was sent; the weights its kernels repack (vLLM's
-  CPU linear layers) are read back through those kernels (`kernel_columns`). On a GPU the engine
-  sleeps while the trainer trains (`sleep`): its weights and KV cache give their memory to the
-  training phase.
-  It samples token ids without detokenizing them; `response_texts` decodes the responses in
-  one call afterwards, to the texts vLLM's detokenizer gives.
-- `HFEngine`: a token at a time through transformers' model, on its own copy of the model, for
-  machines without vLLM (and on GPUs where vLLM is not installed). Slower, same results up to
-  sampling noise. A step's rows go through in chunks of whole prompts whose KV caches fit a budget
-  (--hf_kv_budget_gib, or the free memory): in one thread that changes no bit of what is
-  sampled; in several, the last bits of log-probs, as a batch's size does (`HFEngine.generate`).
+- `VLLMEngine`: vLLM in this process, one engine per rank on its device (`engine_arguments`). Its log-probs are the
+  sampler's after temperature (`logprobs_mode="processed_logprobs"`), as the trainer's of logits / temperature. Each
+  weight load (vLLM's `reload_weights`) is checked bit for bit (harness/weightcheck.py). On a GPU it sleeps while the
+  trainer trains. It samples token ids only; `response_texts` decodes them.
+- `HFEngine`: transformers' model, a token at a time, for machines without vLLM: slower, the same results up to
+  sampling noise; a request goes through in chunks that fit a KV budget (`HFEngine.generate`).
 
-Both sample with plain temperature: no top-k, no top-p, no sampling defaults from the model
-folder's generation config, so that the log-probs are those of the distribution the trainer
-optimises. A response ends at any of `end_tokens`: the tokenizer's EOS and the generation config's
-eos_token_id(s), as vLLM's default does for the official code (for Qwen3 base models the two
-differ: `<|im_end|>`, which ends a chat turn, and `<|endoftext|>`); the end token is the last of
-the response's tokens and is trained on, as the official code's response mask includes it.
+Both sample with plain temperature (no top-k, top-p or generation-config defaults): the log-probs are those of the
+distribution the trainer optimises. A response ends at any of `end_tokens` (for Qwen3 base models `<|im_end|>` and
+`<|endoftext|>`); the end token is its last token and is trained on, as in the official code's response mask.
 """
 import hashlib
 import logging
@@ -62,10 +41,8 @@ from harness.weightcheck import WeightCheck
 
 CLASSROOM = PRESETS["classroom"]     # the engines' settings unless given (train.py gives every one)
 
-# The vLLM engine runs in this process, not in a subprocess of its own.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-# vLLM logs INFO lines at every weight load, which break the progress bar:
-# warnings and errors only, unless the user chose a level. Read when vLLM is imported, so set it first.
+# vLLM's INFO lines at every weight load break the progress bar. Read at vLLM's import, so set first.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
@@ -91,10 +68,9 @@ QUIET_VLLM = {
 
 
 def quiet_vllm():
-    """Hide QUIET_VLLM's messages: each such warning is made a DEBUG record as it is created (the log
-    record factory: vLLM replaces its handlers, and their filters, when an engine starts), so that vLLM's
-    handler, at VLLM_LOGGING_LEVEL, drops it; VLLM_LOGGING_LEVEL=DEBUG shows them again. Also hides
-    vLLM's use of a torch name torch deprecates (a FutureWarning, twice at its import)."""
+    """Hide QUIET_VLLM's warnings by making each a DEBUG record as it is created (a log record factory: vLLM replaces
+    its handlers and their filters when an engine starts); VLLM_LOGGING_LEVEL=DEBUG shows them. Also hides the
+    FutureWarning of a deprecated torch name at vLLM's import."""
     import warnings
     warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning)
     previous = logging.getLogRecordFactory()
@@ -152,9 +128,8 @@ def check_prompt_lengths(prompt_ids, max_prompt_len):
                          f"loading the data or raise --max_prompt_len")
 
 
-# vLLM's batch limits on a GPU: one rank's largest request at once (a two-view step's 2 x 16 x 8 sequences
-# at 8 ranks), and prefill chunks small enough that profiling them leaves the KV cache its memory
-# (bench/memory.md, the memory account). On a CPU vLLM's own defaults are kept.
+# vLLM's batch limits on a GPU: one rank's largest request (a two-view step's 2 x 16 x 8 sequences at 8 ranks), and
+# prefill chunks that leave the KV cache its memory (bench/memory.md, the memory account). A CPU keeps vLLM's defaults.
 GPU_MAX_NUM_SEQS = 256
 GPU_MAX_NUM_BATCHED_TOKENS = 8192
 
@@ -162,19 +137,12 @@ GPU_MAX_NUM_BATCHED_TOKENS = 8192
 def engine_arguments(model_dir, max_prompt_len, max_response_len, dtype, on_gpu,
                      gpu_memory_utilization=CLASSROOM["gpu_memory_utilization"],
                      cpu_kv_cache_gib=CLASSROOM["cpu_kv_cache_gib"]):
-    """The arguments of vLLM's `LLM`: the one place where the CPU and the GPU engine differ.
-
-    Both join the trainer's process group as vLLM's external launcher does (the executor reads
-    RANK and LOCAL_RANK, which VLLMEngine sets to the trainer's), so that each rank's engine runs
-    on that rank's device and samples that rank's questions. On a GPU the engine takes
-    `gpu_memory_utilization` of the device while it samples, and sleeps while the trainer trains
-    (`enable_sleep_mode`, VLLMEngine.sleep). On a CPU the KV cache has a fixed size
-    (VLLM_CPU_KVCACHE_SPACE overrides it), there is no sleep mode, and no chunked prefill: after a
-    prompt split over scheduler steps vLLM rewinds the request's random generator, which a CPU
-    generator cannot do, so seeded requests (the evaluation) would fail."""
+    """The arguments of vLLM's `LLM`, the one place where the CPU and the GPU engine differ. Both join the trainer's
+    process group as vLLM's external launcher. A GPU engine takes `gpu_memory_utilization` of the device while it
+    samples, and sleeps while the trainer trains. A CPU engine has a fixed KV cache (VLLM_CPU_KVCACHE_SPACE overrides
+    it), no sleep mode and no chunked prefill: vLLM rewinds a split prompt's random generator, which a CPU's cannot."""
     from vllm.config import SchedulerConfig
     max_model_len = max_prompt_len + max_response_len
-    # seed=0: vLLM seeds the global random state with it; every sampled request brings its own seed
     common = dict(model=model_dir, dtype=dtype, seed=0, max_model_len=max_model_len, generation_config="vllm",
                   logprobs_mode="processed_logprobs", distributed_executor_backend="external_launcher",
                   use_tqdm_on_load=False)
@@ -194,7 +162,6 @@ class VLLMEngine:
         self.max_prompt_len = max_prompt_len
         self.dtype = getattr(torch, dtype)            # the weights load_weights expects
         rank, _, device = init_distributed()          # a world of one, unless torchrun started several ranks
-        # vLLM's external launcher reads these: this rank's engine, on this rank's device
         os.environ["RANK"] = str(rank)
         os.environ["LOCAL_RANK"] = str(device.index if device.type == "cuda" else os.environ.get("LOCAL_RANK", 0))
         self.llm = LLM(**engine_arguments(model_dir, max_prompt_len, max_response_len, dtype, device.type == "cuda",
@@ -214,7 +181,6 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
         check_request(prompt_ids, n, temperature, seeds, self.max_prompt_len)
         seeds = [None] * len(prompt_ids) if seeds is None else seeds
-        # detokenize=False: vLLM returns token ids only; the texts are decoded after sampling (response_texts)
         params = [SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1 if temperature > 0 else 1,
                                  max_tokens=max_tokens, logprobs=0, detokenize=False, stop_token_ids=self.ends,
                                  seed=seed) for seed in seeds]
@@ -232,10 +198,9 @@ class VLLMEngine:
             self.asleep = True
 
     def load_weights(self, named_tensors):
-        """named_tensors: (Hugging Face name, tensor in self.dtype), consumed one at a time (in this process, so a
-        generator that gathers each tensor when asked streams the model through), then checked (weightcheck.py). A
-        sleeping engine wakes for it: its weights' memory first, the KV cache after the load, as TRL does. Returns
-        None, or what is wrong, in words: the caller stops every rank on it."""
+        """named_tensors: (Hugging Face name, tensor in self.dtype), consumed one at a time (a generator that gathers
+        each tensor when asked streams the model through), then checked (harness/weightcheck.py). A sleeping engine
+        wakes its weights first, its KV cache after the load, as TRL does. Returns None, or what is wrong, in words."""
         was_asleep, self.asleep = self.asleep, False
         if was_asleep:
             torch.cuda.empty_cache()          # the trainer's cached free blocks back to the device, for vLLM
@@ -248,21 +213,17 @@ class VLLMEngine:
         return self.check.after_load(sent)
 
     def close(self):
-        """Shut the engine down. In the external launcher's mode this also ends the process group it shares:
-        close it last (train.py: after the final barrier)."""
+        """Shut the engine down; this also ends the process group it shares, so close it last (train.py)."""
         self.llm.llm_engine.engine_core.shutdown()
 
 
 def response_texts(tokenizer, token_ids):
-    """Each response's token ids decoded without special tokens, in one call: the text vLLM's own
-    detokenizer gives (no clean-up of spaces before punctuation), which VLLMEngine leaves off while it
-    samples (`detokenize=False`): for every token it would also decode the log-prob's token."""
+    """Token ids decoded in one call, as vLLM's detokenizer (off while VLLMEngine samples: `detokenize=False`) would."""
     return tokenizer.batch_decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 def end_tokens(model_dir, tokenizer):
-    """The token ids that end a response: the tokenizer's EOS and the eos_token_id (one or a list) of the
-    model folder's generation_config.json, if it has one."""
+    """The tokens that end a response, as vLLM's default: the tokenizer's EOS and generation_config's eos_token_id."""
     import json
     ends = {tokenizer.eos_token_id}
     path = os.path.join(model_dir, "generation_config.json")
@@ -272,17 +233,11 @@ def end_tokens(model_dir, tokenizer):
     return sorted(e for e in ends if e is not None)
 
 
-# The transformers engine's KV budget when --hf_kv_budget_gib is 0: on a GPU, HF_KV_SHARE of the memory the device
-# and torch's cache have free when a request starts (the rest for the prompts' forward and a step's logits); on a CPU,
-# a fixed HF_CPU_KV_BUDGET_GIB, so that a CPU run chunks alike on any machine (generate on a CPU is slow long before
-# the host's memory is the limit).
+# HFEngine.kv_budget's defaults (--hf_kv_budget_gib 0); a CPU's is fixed, so that a CPU run chunks alike on any machine.
 HF_KV_SHARE = 0.8
 HF_CPU_KV_BUDGET_GIB = 4.0
-# MKL's sgemm sums a row of a matrix product alike in any product of GEMM_ROWS rows or more in one thread (otherwise
-# alike only in products of 1 row, or of 2-3), and in any product of a multiple of GEMM_ROWS rows in 1 to 16 threads
-# (measured; tests/test_rollout.py). The prompts' forward computes the logits of their last GEMM_ROWS positions
-# (transformers' logits_to_keep; not the [P, width, V] logits of every position) and uses the last: a product of
-# GEMM_ROWS x P rows, which gives the bits of the product of every position's.
+# MKL's sgemm sums a row alike in any product of GEMM_ROWS or more rows in one thread, and of a multiple of GEMM_ROWS
+# in 1-16 threads (measured: tests/test_rollout.py); so the prompts' forward keeps its last GEMM_ROWS positions' logits.
 GEMM_ROWS = 4
 
 
@@ -294,9 +249,8 @@ def kv_bytes_per_token(config, dtype):
 
 
 class HFEngine:
-    """transformers' model, sampled a token at a time (`generate`), with a KV budget: the rows of a request go
-    through in chunks of whole prompts whose caches, grown to the longest response, fit kv_budget_gib (0: derived
-    from the free memory when a request starts: HF_KV_SHARE, HF_CPU_KV_BUDGET_GIB)."""
+    """transformers' model, sampled a token at a time; a request's rows go through in chunks of whole prompts whose
+    caches, grown to the longest response, fit kv_budget_gib (0: `kv_budget` derives it when a request starts)."""
     def __init__(self, model_dir, max_prompt_len, max_response_len, dtype=CLASSROOM["dtype"], device=None,
                  kv_budget_gib=CLASSROOM["hf_kv_budget_gib"]):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -313,8 +267,8 @@ class HFEngine:
         self.token_bytes = kv_bytes_per_token(self.model.config, self.dtype)
 
     def kv_budget(self):
-        """The bytes of KV cache a chunk may take: --hf_kv_budget_gib, or HF_KV_SHARE of what is free on the
-        device (torch's cached free blocks included), or HF_CPU_KV_BUDGET_GIB on a CPU."""
+        """Bytes of KV cache a chunk may take: --hf_kv_budget_gib, else HF_KV_SHARE of a GPU's free memory, or
+        HF_CPU_KV_BUDGET_GIB on a CPU."""
         if self.kv_budget_gib:
             return self.kv_budget_gib * 2**30
         if torch.device(self.device).type == "cuda":
@@ -337,19 +291,14 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompt_ids, n, temperature, max_tokens, seeds=None):
-        """The request in chunks of whole prompts that fit the KV budget (`prompts_per_chunk`), each as
-        `generate_chunk`. A row draws from its own stream (seed + i) in any chunk, and every chunk is padded to the
-        request's longest prompt, so that a row has the positions, mask and shapes it has in one batch. What differs
-        is how many rows a batch has, and on a CPU that changes the last bits: MKL's sgemm sums a row alike in any
-        product of GEMM_ROWS rows or more, otherwise only in products of 1 row or of 2-3, so a chunk whose batch
-        would shrink below GEMM_ROWS keeps riders (`generate_chunk`). Then in one thread a row's tokens and
-        log-probs are those of the unchunked request bit for bit, up to the step where fewer than GEMM_ROWS rows of
-        the whole request still sample (which the unchunked batch computes in a product of 1-3 rows). In several
-        threads the CPU's kernels (the attention, sgemm) also share a batch out among the threads by its size: a
-        row's log-probs move in their last bits with the batch (as they do in one batch as its rows end), and where
-        a distribution is nearly flat (a random model at the real vocabulary: bench/hf_engine.py) a token may come
-        out otherwise. On a GPU, the kernels' arithmetic depends on the batch too. tests/test_rollout.py checks the
-        CPU's one and two threads."""
+        """The request in chunks of whole prompts that fit the KV budget (`prompts_per_chunk`), each by
+        `generate_chunk`. Each row draws from its own stream and every chunk is padded to the longest prompt, so only
+        a batch's size differs from the unchunked request's. On a CPU that changes last bits below GEMM_ROWS rows, so
+        a chunk keeps riders up to GEMM_ROWS: in one thread a row's tokens and log-probs are the unchunked request's
+        bit for bit, until fewer than GEMM_ROWS rows of the whole request still sample. In several threads the kernels
+        split a batch by its size: log-probs move in their last bits with the batch, and a nearly flat distribution
+        (a random model at the real vocabulary: bench/hf_engine.py) may give another token; on a GPU too. Checked in
+        tests/test_rollout.py at one and two CPU threads."""
         check_request(prompt_ids, n, temperature, seeds, self.max_prompt_len)
         width = max(map(len, prompt_ids))
         chunk = self.prompts_per_chunk(n, width, max_tokens)
@@ -361,13 +310,11 @@ class HFEngine:
         return groups
 
     def generate_chunk(self, prompt_ids, n, temperature, max_tokens, seeds, width, floor=0):
-        """Every row of these prompts in one batch: the prompts left-padded to `width`, each run once (its
-        logits kept for its last GEMM_ROWS positions only) and its KV cache repeated for its n rows, then decoded a
-        token at a time. A row that ends leaves the batch (its cache rows too), so that the batch shrinks as the
-        responses end; but with `floor`, ended rows ride along (their tokens are cut off after their end) while
-        fewer than `floor` rows still sample. A sampled row draws from its own stream (seed + i, as vLLM's
-        children), all max_tokens uniforms at once, and takes its token by the inverse of its distribution's CDF:
-        what a row samples depends on its seed, not on the batch (up to the last bits: `generate`)."""
+        """Every row of these prompts in one batch: each prompt, left-padded to `width`, run once (logits kept for its
+        last GEMM_ROWS positions) and its KV cache repeated for its n rows, then decoded a token at a time. Ended rows
+        leave the batch with their cache rows, but ride along (tokens cut off after their end) while fewer than `floor`
+        rows still sample. A sampled row draws its uniforms from its own stream (seed + i, as vLLM's children) and
+        takes its token by the inverse CDF: it depends on its seed, not on the batch (up to last bits: `generate`)."""
         rows = [[self.pad] * (width - len(p)) + list(p) for p in prompt_ids for _ in range(n)]        # [R = P*n]
         attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids for _ in range(n)],
                             device=self.device)                                                   # [R, width]
@@ -378,7 +325,6 @@ class HFEngine:
         out_lps = torch.zeros(len(rows), max_tokens, device=self.device)
         live = torch.arange(len(rows), device=self.device)         # the rows in the batch, in the batch's order
         sampling = torch.ones(len(rows), dtype=torch.bool, device=self.device)    # [batch]: False for a rider
-        # the prompts' forward once per prompt, its cache and last logits then repeated for the prompt's n rows
         step_pos = (attn.cumsum(-1) - 1).clamp(min=0)
         res = self.model(input_ids=torch.tensor(rows[::n], device=self.device), attention_mask=attn[::n],
                          position_ids=step_pos[::n], use_cache=True, logits_to_keep=GEMM_ROWS)
@@ -400,8 +346,7 @@ class HFEngine:
             sampling &= ~torch.isin(token, self.ends)                   # are after its end token: cut off below
             if not sampling.any():
                 break
-            keep = sampling.clone()                      # the rows that end leave the batch, and their cache rows,
-                                                         # but for riders up to `floor` rows
+            keep = sampling.clone()                      # ended rows leave, but for riders up to `floor` rows
             riders = min(floor, len(keep)) - int(sampling.sum())
             if riders > 0:
                 keep[(~sampling).nonzero().squeeze(-1)[:riders]] = True

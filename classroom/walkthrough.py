@@ -8,7 +8,7 @@ world of one, and calls the functions train.py's `training_step` calls, in its o
 questions with the same request seeds (rollout.request_seed, role "policy", step 1). It prints what each
 stage gives: the questions and their rephrasings, the sampled responses and their answers, each view's
 vote and the cross-labels, the rewards, the group advantages, the loss's policy and KL terms, the update,
-the weight sync and the step's line of metrics.jsonl (record.py's `step_record_over_ranks`). Every question of the
+the weight sync and the step's line of metrics.jsonl (harness/record.py's `step_record_over_ranks`). Every question of the
 step gets one line; one is shown in detail: the first of the step whose two groups both carry a learning
 signal (rewards not all equal).
 
@@ -136,7 +136,7 @@ def walk():
     pairs, _ = train.training_questions(args, encode, rank)
     models = train.build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())))
-    step_cfg = train.step_config(args)
+    step_cfg = train.StepConfig.of(args)
     torch.manual_seed(args.seed)                                  # after the engine has started, as train.main
     P, G, views = args.questions_per_step, args.group_size, (0, 1)
     warmup = max(1, int(args.steps * args.warmup_ratio))
@@ -184,9 +184,9 @@ def walk():
         shown = zip(groups[g][:SHOWN], answers[g])
         lines += [f'  {j}  "{one_line(s.text)}"  -> {ans(a)}' for j, (s, a) in enumerate(shown)]
         lines += [f"  answers of all {G}: {answers[g]}"]
-    show(blocks, "sample", "rollout.py VLLMEngine.generate, answers.py extract_answer", lines)
+    show(blocks, "sample", "rollout.py VLLMEngine.generate, harness/answers.py extract_answer", lines)
 
-    show(blocks, "label", "answers.py majority_vote, rewards.py labels_for('coreward1', ...)", [
+    show(blocks, "label", "harness/answers.py majority_vote, rewards.py labels_for('coreward1', ...)", [
         f"vote on q : {ans(votes[mine[0]])}    vote on q': {ans(votes[mine[1]])}    (gold {pair.answer})",
         f"label of the responses to q : {ans(labels[mine[0]])}  (the vote on group {twin(mine[0], 2 * P)}, q')",
         f"label of the responses to q': {ans(labels[mine[1]])}  (the vote on group {twin(mine[1], 2 * P)}, q)"])
@@ -254,7 +254,7 @@ def walk():
     view = [v for v in views for _ in step_pairs]
     record = step_record_over_ranks(Step(STEP, groups, answers, gold, labels, rewards, rewards, keep, stats, view, lr,
                                          None, {}), device, world_size)
-    show(blocks, "record", "record.py step_record_over_ranks: the step's line of metrics.jsonl (without its times)",
+    show(blocks, "record", "harness/record.py step_record_over_ranks: the step's line of metrics.jsonl (without its times)",
          wrap([f"{key} {num(v, 2 if key == 'sampler_gap' else 4) if isinstance(v, float) else v}"
                for key, v in record.items()]))
 

@@ -1,120 +1,58 @@
-r"""Answers: pull the final answer out of a response, judge two answers equal as
-mathematics, and take a majority vote over equivalence classes.
-
-Co-rewarding's rewards are majority votes over final answers, so everything
-rests on one question: are two answers the same?  The official Co-rewarding
-code answers it with raw-string equality (`pred == label` on the boxed text),
-which splits `\frac12`, `0.5` and `1/2` into three votes (its majority vote
-counts raw strings) and pays none of them.  Here they are one vote, and
-different things stay different: a grader mistake is a training signal.
+r"""Answers: pull the final answer out of a response, judge two answers equal as mathematics, and take a majority
+vote over equivalence classes.  Co-rewarding's rewards are such votes; the official code compares raw strings
+(`pred == label` on the boxed text), which splits `\frac12`, `0.5` and `1/2` into three votes and pays none of
+them.  Here they are one vote, and different things stay different: a grader mistake is a training signal.
 
 Policies:
-- The last box wins: the answer is the content of the last `\boxed{..}`; if
-  that box is empty or unclosed there is no answer (an earlier box is not used).
-- A percent is its number: `28\%`, `28 percent`, `28 pct` all equal `28` (and
-  not `0.28`).
-- An approximation never equals an exact irrational or fraction: `1.414` !=
-  `\sqrt2`, `0.333` != `\frac13`, `3.14` != `\pi`.
-- Never join digits across a space: `4 4/9` is the mixed number 4 + 4/9 (read
-  `a b/c` with b < c as a + b/c), never 44/9; other digit-space-digit text
-  (`4 9/4`, `1 000`) is compared as text.
-- A comma is a thousands separator only in the strict form of a whole answer
-  (1-3 digits, then groups of exactly 3, no spaces: `1,234`; also `1{,}234`
-  and `1,\!234`); otherwise it separates list items (`1, 234` is a list).
+- The last box wins: the answer is the content of the last `\boxed{..}`; if that box is empty or unclosed there is
+  no answer (an earlier box is not used).
+- A percent is its number: `28\%`, `28 percent`, `28 pct` all equal `28` (and not `0.28`).
+- An approximation never equals an exact irrational or fraction: `1.414` != `\sqrt2`, `0.333` != `\frac13`.
+- Never join digits across a space: `4 4/9` is the mixed number 4 + 4/9 (`a b/c` with b < c is a + b/c), never
+  44/9; other digit-space-digit text (`4 9/4`, `1 000`) is compared as text.
+- A comma is a thousands separator only in the strict form of a whole answer (`1,234`, `1{,}234`, `1,\!234`: 1-3
+  digits, then groups of exactly 3, no spaces); otherwise it separates list items (`1, 234` is a list).
 
 `is_equiv(a, b)` works in four steps:
 
-1. Normalise each side (cached): drop `$`, `\$`, `\%`, degree signs, LaTeX
-   spacing, `\left`/`\right`, a trailing `.` or `,`, trailing unit text
-   (`\text{ cm}`, `\textnormal{ cm}`, `inches`, `cm.`) and percent words;
-   write `\dfrac`, `\tfrac`, `\frac12`, `\sqrt2`, `\leq`, `\geqslant`, `<=`
-   one way; unwrap `\text{..}`; a multiple-choice `(B)` becomes `B`; a mixed
-   number `2\frac{1}{3}` or `2 1/3` becomes the sum `(2+\frac{1}{3})`.  A
-   chain of equalities `x = 2+3 = 5`, or a computation `10 \times 5 = 50`,
-   is its last right-hand side, as a reader takes it.  The name of a single
-   variable goes when the other side has no variable: `x = 3` and `3 = x`
-   become `3`, `x \in [1,2]` becomes `[1,2]`; but `y = 2x+1` stays an
-   equation (it is not the expression `2x+1`).  Equal normal forms are equal.
-2. Structure: `\{..\}`, outer braces `{..}` (invisible in LaTeX, so `{1, 2}`
-   is the list `1, 2`) and bare comma lists are unordered sets, `a \pm b` is
-   the set {a+b, a-b}, `\cup` joins sets (`\{1,2\}\cup\{3\}` is `\{1,2,3\}`; a
-   union of intervals is the set of its intervals), the word `or` separates
-   alternatives as a comma does (`x = 2 \text{ or } x = 3` is `x=2, x=3`, the
-   set {2, 3}), brackets with commas are tuples or
-   intervals (order and both bracket kinds must match), `pmatrix` is a matrix
-   (a trailing `\\` adds no row).  Parts are compared recursively with this
-   same procedure.
-3. Numbers: integers, decimals, `a/b` and `\frac{a}{b}` become exact
-   Fractions: `142.0` == `142`, `025` == `25`.
-4. Relations and expressions: a small LaTeX reader turns each side into sympy
-   (refusing anything it does not know; it reads `\sin`, `\log_2`, `\sinh`,
-   `\Gamma`, `n!`, `\binom{n}{k}` and the like), then: exact difference for
-   rationals, 40-digit numerics for other constants (`2\sqrt2` == `\sqrt8`),
-   and exact evaluation at SAMPLE_POINTS points for expressions with variables
-   (`(a+5)(b+2)` == `ab+2a+5b+10`; Schwartz-Zippel identity testing).
-   The sampling rule: at each point every variable takes a value of its own,
-   a fraction p/q drawn from the variable's name and the point's number by a
-   fixed hash (1 <= |p| <= 99, q a prime from 11 to 97), so values are the
-   same on every run and unrelated between variables; two expressions are
-   equal when they agree at every point where both are defined, and at
-   MIN_AGREEING points at least.
-   An equation is its difference lhs - rhs, and two equations are equal when
-   one difference is a nonzero constant multiple of the other
-   (`2x+4y-3=0` == `y = -\frac12 x + \frac34`): zero at the same points, and
-   the same ratio at all others.  An inequality is written d < 0 or d <= 0
-   (flipping > and >=); two are equal when the strictness is the same and one
-   d is a positive constant multiple of the other (`x \le 5` == `5 \ge x`,
-   `x < 1` == `-x > -1`, `x < 5` != `x \le 5`).  A chain `1 < x \le 3` is the
-   conjunction of its links, matched link to link in any order.  Subscripted
-   symbols (`x_1`, `F_{n-k-1}`) are opaque variables, and `\sum_{k=a}^{b}` /
-   `\prod_{k=a}^{b}` are opaque terms, never evaluated: two sums are equal
-   when their bounds, variable and body are equal after sympy's own ordering
-   of products and sums (`F_k F_{n-k-1}` == `F_{n-k-1} F_k` under the sum).
+1. Normalise each side (cached): drop `$`, `\%`, degrees, LaTeX spacing, `\left`/`\right`, trailing `.`, `,`, units
+   and percent words; write each fraction, root and relation sign one way; unwrap `\text{..}`; `(B)` becomes `B`;
+   a mixed number `2\frac{1}{3}` or `2 1/3` becomes `(2+\frac{1}{3})`.  A chain `x = 2+3 = 5` or a computation
+   `10 \times 5 = 50` is its last right-hand side; a single variable's name goes when the other side has none
+   (`x = 3`, `3 = x` -> `3`; `x \in [1,2]` -> `[1,2]`), but `y = 2x+1` stays an equation.  Equal normal forms are equal.
+2. Structure: `\{..\}`, outer braces `{..}` (invisible: `{1, 2}` is the list `1, 2`), bare comma lists, `a \pm b`,
+   unions (`\cup`) and alternatives joined by `or` are unordered sets; brackets with commas are tuples or intervals
+   (order and bracket kinds must match); `pmatrix` is a matrix.  Parts are compared recursively.
+3. Numbers: integers, decimals, `a/b` and `\frac{a}{b}` become exact Fractions: `142.0` == `142`, `025` == `25`.
+4. Relations and expressions: a small LaTeX reader turns each side into sympy (refusing anything it does not know).
+   Rationals are compared exactly, other constants to 40 digits (`2\sqrt2` == `\sqrt8`), and expressions with
+   variables exactly at SAMPLE_POINTS points (`(a+5)(b+2)` == `ab+2a+5b+10`; Schwartz-Zippel identity testing), at
+   which each variable takes its own rational value, fixed by a hash of its name and the point (`_sample_value`):
+   equal when they agree wherever both are defined, at MIN_AGREEING points at least.  Two equations are equal when
+   one's lhs - rhs is a nonzero constant multiple of the other's (`2x+4y-3=0` == `y = -\frac12 x + \frac34`); two
+   inequalities, each written d < 0 or d <= 0, when they are equally strict and one d is a positive constant
+   multiple of the other (`x \le 5` == `5 \ge x`, `x < 5` != `x \le 5`); chains (`1 < x \le 3`) link to link, in
+   any order.  Subscripted symbols (`x_1`) are opaque variables, and `\sum_{k=a}^{b}` / `\prod_{k=a}^{b}` opaque
+   terms, equal when their bounds, variable and body are.
 
-Limits, judged different (or compared as text) though a reader might call
-them equal: an equation against a bare expression or value (`y = 2x+1`
-against `2x+1`, `2x = 6` against `3`); equations that are multiples by a
-non-constant (`y = \frac1x` against `xy = 1`); an inequality against an
-interval or another form of the same solution set (`x < 5` against
-`(-\infty, 5)`, `x^2 < 4` against `-2 < x < 2`); relations without a
-variable (`\sqrt2 < 1.5`), chains of equalities with words or lists in them
-(`x = 1 = y \text{ and } z`) and chains of more than MAX_PARTS links, compared
-as text; a sum against its closed form (`\sum_{k=1}^{n} k` against
-`\frac{n(n+1)}{2}`), with its variable renamed, or with a factor moved out of
-it; base-n numbers (`4210_{5}`) and double factorials (`5!!`), compared as
-text; answers whose reading could hold huge numbers though their value is
-modest (`(5!)!`, `e^{e^{x}}`), refused by the bound.
+Limits, judged different (or compared as text) though a reader might call them equal: an equation against its
+value (`2x = 6` against `3`); equations that are multiples by a non-constant (`y = \frac1x` against `xy = 1`);
+other forms of an inequality's solution set (`x < 5` against `(-\infty, 5)`); relations without a variable
+(`\sqrt2 < 1.5`), chains of equalities with words or lists, chains of over MAX_PARTS links; a sum against its closed
+form; base-n numbers (`4210_{5}`), double factorials (`5!!`); modest values read through huge numbers (`(5!)!`).
 
 Bounded work.  A vote over hostile answers must not stall a training step, so:
-- sympy only sees answers of at most MAX_SYMPY_CHARS characters and nesting
-  MAX_NESTING;
-- the bound: every expression's number size is estimated on the unevaluated
-  reading (`_bit_bound`), and one that could need more than MAX_BITS bits is
-  refused and compared as text.  It covers every function application, not
-  only powers: an argument of b bits is below 2^b, so `x^y` has at most
-  bits(x) * 2^bits(y) bits, `e^x`, `\exp`, `\sinh`, `\cosh` about 1.45 * 2^bits,
-  `n!` and `\Gamma` about 2^bits * bits, a binomial as many as the factorial
-  of its larger argument; trigonometric functions, logs and the rest count as
-  large as their arguments, which bounds the work of evaluating them too.
-  `9^9^9^9`, `\exp(\exp(\exp(\exp(5))))` and `(10^{10})!` are refused, not
-  computed.  Functions are built only once the bound has passed: sympy
-  computes `factorial(10**10)` the moment it is built;
-- the time limit, a backstop for whatever the bound misses: sympy runs in a
-  helper process, and one is_equiv, answer_classes or majority_vote call gets
-  TIME_LIMIT seconds of its work in all.  When they run out the helper is
-  killed and replaced, the pair is judged different, the rest of the call is
-  compared as text (its verdicts are not cached), and an answer whose reading
-  alone took half the limit is compared as text from then on.  A warning says
-  so.  The helper uses no signals, so grading is safe in threads.
+- sympy only sees answers of at most MAX_SYMPY_CHARS characters and nesting MAX_NESTING;
+- the bound: a reading whose numbers could need more than MAX_BITS bits (`_bit_bound`) is refused before anything
+  is evaluated and compared as text (`9^9^9^9`, `(10^{10})!`);
+- the time limit, a backstop for what the bound misses: sympy runs in a helper process, and one is_equiv,
+  answer_classes or majority_vote call gets TIME_LIMIT seconds of its work in all.  When they run out (with a
+  warning) the helper is replaced, the pair judged different, the rest of the call compared as text, uncached, and
+  an answer whose reading alone took half the limit compared as text from then on.  No signals: safe in threads.
 
-Why our own grader and not math-verify (HF's verifier)?  On perturbed gold
-answers of the shipped eval sets both are near perfect, and math-verify reads
-more of LaTeX (bench/grader.py measures both).  But its timeouts use
-`signal.alarm`, which only works in the main thread (in a worker it raises,
-unless timeouts are switched off, and then `2^{2^{2^{2^{2^2}}}}` hangs; in the
-main thread it takes its 5 s timeout); it is far slower; and it rounds floats,
-so `0.333333` == `1/3` and `3.1415927` == `\pi`, which merges approximations
-with exact answers in a vote.
+Why not math-verify (HF's verifier)?  Both are near perfect on perturbed gold answers of the shipped eval sets, and
+it reads more LaTeX (bench/grader.py), but its timeouts use `signal.alarm` (main thread only), it is far slower, and
+it rounds floats (`0.333333` == `1/3`), merging approximations with exact answers in a vote.
 """
 
 import atexit
@@ -144,16 +82,7 @@ MAX_PARTS = 20            # sets/tuples/relation chains with more parts are comp
 MAX_BITS = 20_000         # refuse numbers that could need more bits than this
 TIME_LIMIT = 1.0          # seconds of sympy work one is_equiv or majority_vote call may take
 
-# ------------------------------------------------------------- the time limit
-#
-# sympy's part of a comparison runs in a helper process, so that one that outlives
-# TIME_LIMIT can be stopped: the process is killed (a new one starts at once) and
-# the pair is judged different.  An answer whose reading alone used half the limit is
-# refused from then on: compared as text, without sympy.  A public call (is_equiv,
-# answer_classes, majority_vote) has TIME_LIMIT seconds in all; once they are spent,
-# the rest of it is compared as text, and none of its verdicts are cached.  The
-# bounds (MAX_BITS, _bit_bound) keep every answer known to be hostile far inside the limit: the limit
-# is the backstop for what they miss.  Waiting for a helper to start is not counted.
+# ------------------------------------------------------------- the time limit (module docstring, Bounded work)
 
 _call = threading.local()  # .deadline of the public call running in this thread, .cut once it ran out
 
@@ -178,10 +107,7 @@ def _within_time_limit(function):
 
 
 def extract_answer(text):
-    """Content of the last `\\boxed{..}` / `\\fbox{..}` / `\\boxed 7`, else None.
-
-    The last box wins; if it is empty or its braces never close, the answer is
-    None (an earlier box is not used instead)."""
+    """Content of the last `\\boxed{..}`, `\\fbox{..}` or `\\boxed 7`; None if none, empty or unclosed."""
     last = None
     for last in _BOX.finditer(text or ""):
         pass
@@ -212,9 +138,7 @@ def is_equiv(a, b):
 
 @_within_time_limit
 def majority_vote(answers):
-    """Representative of the largest class of equivalent answers (`answer_classes`), or None.
-    Ties between equally large classes go to the class whose first member came first, and that
-    first member is returned exactly as written."""
+    """The first member, as written, of the largest of the `answer_classes` (a tie: the earliest class), or None."""
     classes = answer_classes(answers)
     if not classes:
         return None
@@ -223,9 +147,8 @@ def majority_vote(answers):
 
 @_within_time_limit
 def answer_classes(answers):
-    """The classes of mathematically equal answers, each a list of its members in order, the
-    classes in order of creation. None and unreadable answers are left out. Each answer joins the
-    first class whose first member it equals."""
+    """The classes of equal answers, each the list of its members in order, in order of creation; each answer joins
+    the first class whose first member it equals.  None and unreadable answers are left out."""
     classes = []    # [first member's number or None, members...], in order of creation
     by_number = {}  # exact value -> the class of that plain number
     for answer in answers:
@@ -235,8 +158,7 @@ def answer_classes(answers):
         if number in by_number:
             by_number[number].append(answer)
             continue
-        # Two plain numbers are equal exactly when their Fractions are, so a
-        # new number is only compared with the classes of other answers.
+        # plain numbers are equal exactly when their Fractions are: compare a new one only with other answers
         for members in classes:
             if (number is None or members[0] is None) and is_equiv(members[1], answer):
                 members.append(answer)
@@ -249,10 +171,8 @@ def answer_classes(answers):
 
 
 def normalize(answer):
-    """Canonical string for an answer, or None if it is empty, over-long,
-    unbalanced or nested deeper than MAX_NESTING.  An over-long answer is
-    refused before the cache, which therefore holds only answers of at most
-    MAX_ANSWER_CHARS characters."""
+    """Canonical string for an answer, or None if it is empty, unbalanced, nested deeper than MAX_NESTING or longer
+    than MAX_ANSWER_CHARS (checked first, so the cache holds no longer answer)."""
     if len(answer) > MAX_ANSWER_CHARS:
         return None
     return _normalize(answer)
@@ -264,14 +184,7 @@ def clear_caches():
     _sympy.clear()
 
 
-# ===========================================================================
-# A reader of the algorithm may stop here.  What follows is the private
-# machinery: how answers are read and compared (extraction, normalisation,
-# structure, numbers, the LaTeX reader, sympy comparison and the helper
-# process that runs it under the time limit).
-# ===========================================================================
-
-# ---------------------------------------------------------------- extraction
+# ---------------------------------------------------------------- extraction (from here on, private machinery)
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
@@ -367,9 +280,7 @@ def _plain_mixed_number(match):
 
 
 def _last_right_hand_side(s):
-    """A chain of equalities or a computation is its last right-hand side:
-    `x = 2+3 = 5` -> `5`, `10 \\times 5 = 50` -> `50`; not a list (`x = 1, y = 2`),
-    alternatives (`x = 2 or x = 3`) or an equation with variables (`2x = 6`)."""
+    """`x = 2+3 = 5` -> `5`, `10 \\times 5 = 50` -> `50`; not lists, alternatives (`or`) or equations (`2x = 6`)."""
     sides, signs = _split_relations(s)
     if not signs or set(signs) != {"="} or not sides[-1].strip():
         return s
@@ -385,8 +296,7 @@ _VARIABLE_LETTER = re.compile(r"[A-Za-df-hj-z]")  # e and i are constants
 
 
 def _drop_variable_name(s):
-    """`x = 3` -> `3`, `3 = x` -> `3`, `x \\in [1,2]` -> `[1,2]`: the name of a
-    single variable goes when the other side has no variable.  `y = 2x+1` stays."""
+    """`x = 3` -> `3`, `3 = x` -> `3`, `x \\in [1,2]` -> `[1,2]`; `y = 2x+1` stays (module docstring, step 1)."""
     member = re.match(r"\s*[A-Za-z]\s*\\in(?![A-Za-z])\s*(?=\S)", s)
     if member:
         return s[member.end():]
@@ -402,8 +312,7 @@ def _drop_variable_name(s):
 
 
 def _has_variable(s):
-    """True when s names a variable: a Greek letter the reader knows, or a
-    letter outside LaTeX commands other than the constants e and i."""
+    """True when s names a variable: a Greek letter the reader knows, or any letter but e and i outside commands."""
     if any(command[1:] in _GREEK for command in _COMMAND.findall(s)):
         return True
     return _VARIABLE_LETTER.search(_COMMAND.sub("", s)) is not None
@@ -473,8 +382,7 @@ def _equiv_normalized(a, b):
 
 
 def _structure(s):
-    """(kind, parts): kind is "atom", "set", "matrix" or a tuple/interval's
-    bracket pair such as "(]"; parts are strings."""
+    """(kind, parts): kind is "atom", "set", "matrix<rows>x<columns>" or a bracket pair such as "(]"."""
     if not s:
         return "atom", [s]
     matrix = re.fullmatch(r"\\begin\{([pbv]?matrix)\}(.*)\\end\{\1\}", s)
@@ -528,8 +436,7 @@ def _split_top_level(s, separator):
 
 
 def _union_members(parts):
-    """The members of a union of sets: `\\{1,2\\}\\cup\\{2,3\\}` has 1, 2 and 3; a part that is not a set (an
-    interval) is one member."""
+    """The members of a union: `\\{1,2\\}\\cup\\{2,3\\}` has 1, 2 and 3; a part that is not a set is one member."""
     members = []
     for part in parts:
         kind, items = _structure(part)
@@ -603,15 +510,13 @@ _CONSTANTS = {"\\pi": "pi", "pi": "pi", "\\infty": "oo", "e": "E", "i": "I"}
 _GREEK = {"alpha", "beta", "gamma", "delta", "theta", "mu", "phi", "omega"}
 _OPERATORS = {"+": "+", "-": "-", "*": "*", "/": "/", "\\cdot": "*", "\\times": "*", "\\div": "/"}
 _CLOSERS = {"(": ")", "{": "}", "[": "]"}
-# Opaque terms: x_1 is Subscript(x, 1), \sum_{k=a}^{b} t is SumOf(t, k, a, b); never evaluated,
-# each distinct one becomes a variable of its own once the expression is read.
+# Opaque, never evaluated: x_1 is Subscript(x, 1), \sum_{k=a}^{b} t is SumOf(t, k, a, b); each a variable once read.
 _OPAQUE = {"Subscript": sympy.Function("Subscript"), "SumOf": sympy.Function("SumOf"),
            "ProductOf": sympy.Function("ProductOf")}
 _BIG_OPERATORS = {"\\sum": "SumOf", "\\prod": "ProductOf"}
 _COMBINATORICS = {"factorial": sympy.factorial, "binomial": sympy.binomial}  # n!, \binom{n}{k}
-# The reader writes each function as an undefined one of the same name (sympy would
-# compute factorial(10**10) as soon as it is built); they become sympy's own only
-# once _bit_bound has found the expression small enough (_realized).
+# The reader writes each function as an undefined one of the same name (sympy computes factorial(10**10) as soon
+# as it is built); they become sympy's own (_realized) only once _bit_bound has found the expression small enough.
 _REAL = {**_FUNCTIONS, **_COMBINATORICS}
 _DEFERRED = {name: sympy.Function(name) for name in _REAL}
 _CALLS = {*_REAL, *_OPAQUE}  # names followed by their arguments, not by an implicit product
@@ -627,10 +532,8 @@ class _NotMath(ValueError):
 
 @functools.lru_cache(maxsize=100_000)
 def _to_sympy(s):
-    """sympy expression for a short LaTeX expression, or None.
-
-    The reader emits Python text made only of whitelisted names, numbers and
-    operators, so handing it to parse_expr (which uses eval) is safe."""
+    """sympy expression for a short LaTeX expression, or None.  The reader emits Python text of whitelisted names,
+    numbers and operators only, so handing it to parse_expr (which uses eval) is safe."""
     try:
         if len(s) > MAX_SYMPY_CHARS:
             return None
@@ -648,17 +551,13 @@ def _to_sympy(s):
             opaque = expr.atoms(AppliedUndef)  # replaced outermost first: a sum's terms go with it
             expr = expr.xreplace({term: sympy.Symbol(str(term)) for term in opaque})
         return expr
-    # sympy raises many exception types (TypeError, ValueError, SyntaxError,
-    # RecursionError, its own errors) on odd input; any of them means "unreadable".
-    except Exception:
+    except Exception:  # sympy raises many exception types on odd input; any of them means "unreadable"
         return None
 
 
 def _tokenize(s):
-    """LaTeX tokens of s: `ab` is two letters (a product), `sin` one name;
-    a run of three or more letters is a word, never an expression, and two
-    numbers in a row (`4 4`) are never joined or multiplied (`x^2 3` and
-    `\\log_2 8` are fine: `^` and `_` take one token)."""
+    """LaTeX tokens of s: `ab` is two letters (a product), `sin` one name; three or more other letters are a word,
+    refused, and so are two numbers in a row (`4 4`), but not after `^` or `_` (`x^2 3`, `\\log_2 8`)."""
     tokens, pos = [], 0
     while pos < len(s):
         match = _TOKEN.match(s, pos)
@@ -758,8 +657,7 @@ def _read_item(tokens, pos):
 
 
 def _read_big_operator(tokens, pos, name):
-    """`\\sum_{k=a}^{b} body` (or \\prod): the opaque term name(body, k, a, b).
-    The body runs to the next + or - outside brackets, as a reader takes it."""
+    """`\\sum_{k=a}^{b} body` (or \\prod): the opaque term name(body, k, a, b), the body running to the next + or -."""
     if tokens[pos:pos + 1] == ["\\limits"]:
         pos += 1
     variable = tokens[pos + 2] if pos + 3 < len(tokens) else ""
@@ -799,15 +697,10 @@ _FACTORIAL = {"factorial", "Gamma"}      # f(x) has about |x| log2 |x| bits
 
 
 def _bit_bound(expr):
-    """Upper estimate of the bits of any number expr evaluates to, computed on the
-    reader's unevaluated expression; math.inf when it cannot be bounded.  An
-    argument of b bits is below 2^b in size, so x^y has at most bits(x) * 2^bits(y)
-    bits (and so does the root), e^x, exp(x), sinh and cosh about 1.45 * 2^bits(x), x!
-    and Gamma(x) about 2^bits(x) * bits(x), and a binomial at most as many as the
-    factorial of its larger argument.  The other functions (trigonometric and their
-    inverses, log, tanh, sqrt) and the opaque terms count as large as their
-    arguments, which also bounds the work of evaluating them (sin(10^4000) needs
-    4,000 digits of pi)."""
+    """Upper estimate of the bits of any number the reader's unevaluated expr evaluates to (math.inf: unbounded).  An
+    argument of b bits is below 2^b, so x^y (and a root) has at most bits(x) * 2^bits(y) bits, e^x, sinh and cosh
+    about 1.45 * 2^bits(x), x! and Gamma(x) 2^bits(x) * bits(x), a binomial as its larger argument's factorial.
+    Other functions count as large as their arguments, which bounds their work too (sin(10^4000): 4,000 digits)."""
     if expr.is_Rational:
         return max(expr.p.bit_length(), expr.q.bit_length(), 1)
     if not expr.args:  # symbols and constants
@@ -829,8 +722,7 @@ def _bit_bound(expr):
 
 
 def _realized(expr):
-    """expr with the reader's undefined functions replaced by sympy's own (evaluated as
-    they are built); the rest stays unevaluated, for .doit()."""
+    """expr with the reader's undefined functions made sympy's own (evaluated); the rest unevaluated, for .doit()."""
     if not expr.args:
         return expr
     args = [_realized(arg) for arg in expr.args]
@@ -840,13 +732,9 @@ def _realized(expr):
         return expr
     return expr.func(*args, evaluate=False)
 
-# ------------------------------------------------------- sympy comparison
-#
-# The sampling rule is the module docstring's (step 4).  Different variables take
-# unrelated values, so a linear pattern between them (x + y = 1, or x, y, z in
-# arithmetic progression) holds at a point only by chance, and two different
-# polynomials of degree d agree at a point with chance at most about d / 4,000
-# (Schwartz-Zippel, over the ~4,000 values a variable can take).
+# ------------------------------------------------------- sympy comparison (module docstring, step 4)
+# Variables take unrelated values, so a linear pattern between them (x + y = 1) holds at a point only by chance, and
+# two different polynomials of degree d agree at a point with chance at most about d / 4,000 (Schwartz-Zippel).
 
 SAMPLE_POINTS = 6  # points at which expressions with variables are compared
 MIN_AGREEING = 4   # points that must be defined on both sides (for a ratio: nonzero on both)
@@ -857,7 +745,7 @@ _ZERO = (sympy.S.Zero, sympy.S.Zero)
 
 @functools.lru_cache(maxsize=100_000)
 def _sample_value(name, point):
-    """The value of the variable called name at sample point `point`."""
+    """The value of the variable `name` at sample point `point`: p/q with 1 <= |p| <= 99 and q a prime in _PRIMES."""
     digest = hashlib.blake2b(f"{name}@{point}".encode(), digest_size=8).digest()
     numerator = int.from_bytes(digest[:4], "big") % 198 - 99
     numerator += numerator >= 0  # -99..-1 or 1..99
@@ -866,8 +754,7 @@ def _sample_value(name, point):
 
 @dataclasses.dataclass(frozen=True)
 class _Sampled:
-    """An expression and its values at the sample points, each an (exact, 40-digit)
-    pair of numbers (complex ones too), or None where the expression is not finite."""
+    """An expression and its values at the sample points, each an (exact, 40-digit) pair, None where not finite."""
     expr: sympy.Expr
     values: tuple
     has_variables: bool
@@ -897,14 +784,9 @@ def _numeric(value):
 
 @functools.lru_cache(maxsize=100_000)
 def _reading(s):
-    """What the atom s says, read and sampled once: ("expression", [(e, False)]);
-    ("=", [(lhs - rhs, False)]) for an equation; ("<", [(d, strict), ...]) for an
-    inequality or a chain of them, each link written d < 0 or d <= 0; ("?", []) for
-    relations this module does not read (an unreadable side, a chain of equations, =
-    mixed with <, no variable at all, more than MAX_PARTS links), which are compared
-    as text; None when s cannot be read.  Each e and d is _Sampled."""
-    # sympy raises many exception types (TypeError, ValueError, RecursionError, its own
-    # errors) on odd input; any of them means "unreadable".
+    """What the atom s says, read and sampled once: ("expression", [(e, False)]); ("=", [(lhs - rhs, False)]);
+    ("<", [(d, strict), ...]), each link of an inequality chain written d < 0 or d <= 0; ("?", []) for relations
+    compared as text (module docstring, Limits); None when s cannot be read.  Each e and d is _Sampled."""
     try:
         sides, signs = _split_relations(s) if _RELATION_SIGN.search(s) else ([s], [])
         if not signs:
@@ -929,12 +811,8 @@ def _reading(s):
 
 
 def _math_equal(a, b, progress=lambda: None):
-    """True when atoms a and b (normal forms, not both plain numbers) are the same
-    expression or relation.  Expressions: equal at every sample point.  Equations:
-    one difference a nonzero constant multiple of the other.  Inequalities: link for
-    link in any order, the same strictness and one difference a positive constant
-    multiple of the other.  Runs in the helper process (_SympyProcess), which is told
-    through progress() when each side has been read."""
+    """True when atoms a and b (normal forms, not both plain numbers) are the same expression or relation (module
+    docstring, step 4).  Runs in the helper process (_SympyProcess), told through progress() as each side is read."""
     reading_a = _reading(a)
     progress()
     reading_b = _reading(b)
@@ -944,7 +822,7 @@ def _math_equal(a, b, progress=lambda: None):
     (kind_a, links_a), (kind_b, links_b) = reading_a, reading_b
     if kind_a != kind_b or kind_a == "?" or len(links_a) != len(links_b):
         return False
-    # As in _reading: sympy's failures come in many types; all mean "not shown equal".
+    # sympy's failures come in many types; all mean "not shown equal"
     try:
         if kind_a == "expression":
             return _same_expression(links_a[0][0], links_b[0][0])
@@ -979,9 +857,8 @@ def _same_expression(a, b):
 
 
 def _proportional(a, b, positive):
-    """True when a == c * b for a constant c != 0 (c > 0 when positive): where one is
-    zero, so is the other, and the ratio is the same at every other point (at least
-    MIN_AGREEING of them); without variables, only when a == b."""
+    """True when a == c * b for a constant c != 0 (c > 0 when positive): zero at the same points, the same ratio at
+    the others (at least MIN_AGREEING); without variables, only when a == b."""
     if a.undefined or b.undefined:
         return False
     if a.expr == b.expr:
@@ -1006,8 +883,7 @@ def _proportional(a, b, positive):
 
 
 def _same_value(a, b):
-    """Equal (exact, number) pairs: exactly, when their difference is rational (sympy
-    cancels `\\sqrt{N} + 1 - \\sqrt{N}` to 1), else to a relative 1e-30."""
+    """Equal (exact, number) pairs: exactly when their difference is rational, else to a relative 1e-30."""
     difference = a[0] - b[0]
     if difference == 0:
         return True
@@ -1030,9 +906,7 @@ def _sign(value):
 # ------------------------------------------------------- the helper process
 
 _STARTUP_LIMIT = 120.0  # seconds a new helper may take to import sympy and warm up
-# What a new helper compares before it says it is ready: sympy imports parts of itself (its polynomials,
-# combinatorics, sets) on their first use, which would otherwise be paid by the first such answer of a run,
-# inside its time limit, and on a slow disk or a busy node run it out.
+# Compared by a new helper before it is ready, as sympy imports parts of itself on first use: not in a time limit.
 _WARM_UP = [("p - q", "-q + p"), ("x^2 - 1", "(x - 1)(x + 1)"), ("2\\sqrt{2}", "\\sqrt{8}"),
             ("\\sin x", "\\cos(\\pi/2 - x)"), ("x \\le 3", "3 \\ge x")]
 _HELPER = "import json, sys; sys.path.insert(0, sys.argv[1]); from harness import answers; answers._serve(json.loads(sys.argv[2]))"
@@ -1040,9 +914,8 @@ _refused = set()  # normal forms whose reading took over half the time limit
 
 
 class _SympyProcess:
-    """_math_equal in a helper process: one request a line on its stdin, `.` on its
-    stdout as each side is read, then the verdict.  One process per process that
-    grades (a forked child starts its own), shared by its threads."""
+    """_math_equal in a helper process: a request a line on its stdin; on its stdout `.` as each side is read, then
+    the verdict.  One per grading process (a forked child starts its own), shared by its threads."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -1067,8 +940,7 @@ class _SympyProcess:
                 self._ask(["clear"], time.monotonic() + _STARTUP_LIMIT, blame=())
 
     def _ask(self, request, deadline, blame):
-        """The helper's reply to request; on time-out the helper is replaced, the
-        answer it was reading for over half the limit is refused, and False returned."""
+        """The helper's reply to request, or on time-out or a dead helper _give_up's False."""
         self._process.stdin.write((json.dumps(request) + "\n").encode())
         self._process.stdin.flush()
         reply, side, side_started = b"", 0, time.monotonic()
@@ -1106,8 +978,7 @@ class _SympyProcess:
         if self._process is None or self._owner != os.getpid() or self._process.poll() is not None:
             limits = {"MAX_SYMPY_CHARS": MAX_SYMPY_CHARS, "MAX_PARTS": MAX_PARTS, "MAX_BITS": MAX_BITS}
             folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # above harness/
-            # A session of its own: a SIGTERM or Ctrl-C for the run's process group (which the run may
-            # catch, to save and stop) must not stop the helper mid-step; it ends when its stdin closes.
+            # Own session: a SIGTERM/Ctrl-C the run catches must not stop the helper mid-step; it ends when stdin closes
             self._process = subprocess.Popen([sys.executable, "-c", _HELPER, folder, json.dumps(limits)],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
                                              start_new_session=True)
@@ -1129,8 +1000,7 @@ class _SympyProcess:
 
 
 def _serve(limits):
-    """The helper process: the parent's limits, then one reply a request until stdin closes, or until a reply
-    finds no reader (its parent ended: killed, or stopped at once by a second signal), which ends it quietly."""
+    """The helper process, with the parent's `limits`: replies until stdin closes or a reply finds no reader."""
     try:
         _answer_requests(limits)
     except BrokenPipeError:

@@ -1,26 +1,15 @@
-"""Checkpoints: everything a run needs to continue exactly where it stopped, written so that no
-process ever holds the whole model.
+"""Checkpoints: all a run needs to continue exactly where it stopped, written with no process holding the whole model.
 
     OUT/checkpoints/step_S/
-        weights/         torch.distributed.checkpoint (DCP): the policy, its AdamW state and, for
-                         coreward2/3, the EMA teacher; each rank writes its own shards
+        weights/         DCP (torch.distributed.checkpoint): the policy, its AdamW state, the EMA teacher (coreward2/3)
         trainer.pt       the step, the LR scheduler, the data order and cursor, the data-shuffle generator
         rng_rank{R}.pt   rank R's global torch RNG (it draws the mini-batch order), and CUDA's on a GPU
         config.json      the run's resolved configuration (train.py --resume reads it)
         hf/              the model's Hugging Face config and tokenizer, to rebuild the policy (`to_hf`)
 
-Not saved, because nothing depends on it: the frozen start model (the other methods' KL anchor) is
-the --model folder itself, and the rollout engine's random state is never used, as every sampled
-request brings its own seed (rollout.py). The resumed run loads the saved policy into its engine
-before the first rollout.
-
-Atomic: a checkpoint is written as step_S.partial/ and renamed to step_S/ by rank 0 once every rank
-has written its part and every file and folder of it is on disk (fsync: each rank its own files,
-DCP its shards, rank 0 the whole folder once all have written; `publish`), so that a crash, even of
-the machine, never leaves a step_S/ with a torn file. A run killed during a save leaves the
-.partial folder, which `latest` never picks; the next save removes it. run.py publishes final/
-the same way. On several nodes, OUT must be a filesystem that every node sees: the ranks write into
-one folder and rank 0 renames it.
+Atomic: each rank writes its part into step_S.partial/, which rank 0 renames to step_S/ once all of it is on disk
+(`publish`): even a machine's crash leaves no torn step_S/, and `latest` never picks .partial. final/ likewise. Nodes
+must share OUT's filesystem. Not saved: the start model (--model) and the engine's RNG, which nothing draws from.
 """
 import contextlib
 import errno
@@ -59,7 +48,6 @@ def complete(out):
 
 
 def latest(out):
-    """The newest complete checkpoint in `out`, or None."""
     found = complete(out)
     return found[-1][1] if found else None
 
@@ -75,10 +63,7 @@ SAMPLED_BLOCKS = 64
 
 
 def model_fingerprint(model_dir):
-    """{file: sha256} of a model folder's files (weights, configuration, tokenizer), so that a resume
-    can tell whether --model still holds the start model. A file over FULL_HASH_BYTES is hashed by
-    its size and SAMPLED_BLOCKS evenly spaced blocks of 1 MiB: training changes every weight, so any
-    other weights change those blocks, and the fingerprint reads a fixed amount of any model."""
+    """{file: sha256} of --model's files, for a resume; a large file's: of its size and SAMPLED_BLOCKS 1 MiB blocks."""
     prints = {}
     for name in sorted(os.listdir(model_dir)):
         path = os.path.join(model_dir, name)
@@ -98,14 +83,12 @@ def model_fingerprint(model_dir):
 
 
 def questions_fingerprint(pairs):
-    """{"questions": count, "sha256": of their text and answers, in order}: the data order a
-    checkpoint holds indexes this list."""
+    """{"questions": count, "sha256": of texts and answers in order}: the list a checkpoint's data order indexes."""
     text = json.dumps([[p.original, p.rephrased, p.answer] for p in pairs], ensure_ascii=False)
     return {"questions": len(pairs), "sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 def fingerprint_changes(saved, now):
-    """What differs between a checkpoint's fingerprints and the run's now, in words ([] if nothing)."""
     changes = []
     if saved["questions"] != now["questions"]:
         (a, b) = saved["questions"], now["questions"]
@@ -127,7 +110,6 @@ def read_config(path):
 
 
 def _weights(policy, optimizer, teacher):
-    """The sharded state dicts DCP saves and loads into (each rank's own shards)."""
     model, optim = get_state_dict(policy, optimizer)
     state = {"policy": model, "optimizer": optim}
     if teacher is not None:
@@ -141,7 +123,6 @@ def _rng_state():
 
 
 def fsync_files(*paths):
-    """Flush these files, and every file under these folders, to disk."""
     for path in paths:
         files = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names] if os.path.isdir(path) else [path]
         for name in files:
@@ -158,8 +139,7 @@ def _fsync_folder(path):
 
 
 def publish(partial, final):
-    """Rename the written folder `partial` to `final` once its folders are on disk (its files must be
-    already: fsync_files), and the rename too. Rank 0 only."""
+    """Rank 0: rename `partial` (its files synced: fsync_files) to `final`, its folders and the rename synced too."""
     for folder, _, _ in os.walk(partial):
         _fsync_folder(folder)
     os.rename(partial, final)
@@ -167,8 +147,7 @@ def publish(partial, final):
 
 
 def save(out, step, policy, optimizer, teacher, trainer_state, config, tokenizer, keep_last):
-    """Write OUT/checkpoints/step_S (collective: every rank calls it), then keep the newest
-    `keep_last` checkpoints (0: all). Returns the checkpoint's path."""
+    """Write OUT/checkpoints/step_S (collective), then keep the newest `keep_last` (0: all); returns its path."""
     rank = dist.get_rank()
     final = step_dir(out, step)
     partial = final + ".partial"
@@ -201,10 +180,7 @@ def save(out, step, policy, optimizer, teacher, trainer_state, config, tokenizer
 
 
 def checkpoint_bytes(policy, teacher):
-    """What one checkpoint takes on disk, nearly all of it weights: the policy's fp32 weights and AdamW's two
-    fp32 moments, and the EMA teacher's fp32 weights (the teacher methods). Whole-model counts: the ranks'
-    shards together. A tied tensor (the embedding and the output layer) is saved under each of its names, its
-    moments once. Left out: DCP's headers (a few percent for the classroom's small tensors) and the small files."""
+    """One checkpoint's bytes: fp32 weights (each tied name), AdamW's fp32 moments, the EMA teacher's; no DCP header."""
     every_name = lambda model: sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
     unique = sum(p.numel() for p in policy.parameters())
     return 4 * (every_name(policy) + 2 * unique + (every_name(teacher) if teacher is not None else 0))
@@ -216,20 +192,17 @@ def final_model_bytes(policy):
 
 
 def run_disk_bytes(one_checkpoint, model_bytes, keep_last, saves):
-    """The most a run's folder holds at once, of its `saves` checkpoints: while one is written, the --keep_last
-    before it (every one with --keep_last 0); at the end, the last --keep_last and final/ (the fp32 model)."""
+    """Most a run's folder holds: while a save is written, the --keep_last before it; at the end those and final/."""
     if keep_last == 0 or keep_last >= saves:
         return saves * one_checkpoint + model_bytes
     return max((keep_last + 1) * one_checkpoint, keep_last * one_checkpoint + model_bytes)
 
 
 def folder_bytes(path):
-    """The bytes of the files under `path`."""
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(path) for f in names)
 
 
 def disk_of(path):
-    """The mount point of the filesystem that holds `path`."""
     path = os.path.realpath(path)
     while not os.path.ismount(path):
         path = os.path.dirname(path)
@@ -237,9 +210,8 @@ def disk_of(path):
 
 
 def prune(out, keep_last):
-    """Remove all but the newest `keep_last` complete checkpoints (0: keep all), and the .partial
-    folders of killed saves. A checkpoint is renamed to .partial before it is removed, so that a
-    process killed while removing it leaves no step_S folder that is not whole."""
+    """Remove all but the newest `keep_last` checkpoints (0: all), and .partial folders. Each is renamed .partial first,
+    so a kill while removing it leaves no torn step_S."""
     found = complete(out)
     for _, path in found[:-keep_last] if keep_last else []:
         if os.path.exists(path + ".partial"):               # a killed save of that step, long superseded
@@ -252,13 +224,11 @@ def prune(out, keep_last):
 
 
 def read_trainer_state(path):
-    """A checkpoint's trainer.pt (the step, data order, fingerprints, ...), read without loading weights."""
     return torch.load(os.path.join(path, "trainer.pt"), weights_only=True)
 
 
 def load(path, policy, optimizer, teacher):
-    """Load a checkpoint into the (sharded) policy, optimizer and teacher, and this rank's RNG;
-    returns the trainer state (step, scheduler, data order, cursor, shuffle generator)."""
+    """Load a checkpoint into policy, optimizer, teacher and this rank's RNG (collective); returns the trainer state."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     state = _weights(policy, optimizer, teacher)
     dcp.load(state, checkpoint_id=os.path.join(path, "weights"))
@@ -280,8 +250,7 @@ def load(path, policy, optimizer, teacher):
 
 
 def read_model(path, name="policy"):
-    """The checkpoint's policy (or its teacher) as a whole Hugging Face model, in one process,
-    without a process group."""
+    """The checkpoint's policy (or teacher) as a whole Hugging Face model, in one process, without a process group."""
     from transformers import AutoConfig, AutoModelForCausalLM
     if not is_checkpoint(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint "
@@ -302,22 +271,18 @@ def to_hf(path, dst):
     return dst
 
 
-RUN_MARK = "nanocoreward.json"       # in a model folder a run wrote (final/, to_hf): the run's preset
+RUN_MARK = "nanocoreward.json"       # in a model folder a run wrote (final/, to_hf): its preset, for config.preset_of
 
 
 def mark_model_folder(folder, preset):
-    """Write RUN_MARK into a model folder this project wrote: the preset a run from it takes (config.preset_of)."""
     with open(os.path.join(folder, RUN_MARK), "w") as f:
         json.dump({"preset": preset}, f)
 
 
 def model_folder_for_all_ranks(model):
-    """The local folder of --model: a folder as given, or a Hugging Face id (`org/name`) resolved through
-    the hub's cache, downloading it if it is not there yet: once per node (the node's first rank
-    downloads, the other ranks wait, then read the cache). The fingerprint, vLLM and the trainer all
-    read the folder this returns. Refused at once: a path that names no folder (one that starts with /,
-    ./, ../ or ~, has more than one /, or whose first part is a folder here), a folder that holds no
-    config.json, and an id that is neither cached nor downloadable (no network): each with what to do."""
+    """The local folder of --model: a folder as given, or a Hugging Face id (`org/name`) from the hub's cache,
+    downloaded by each node's first rank (a collective once the process group is up). Raises MissingInput, with what to
+    do, for a path naming no folder, a folder without config.json, or an id neither cached nor downloadable."""
     path = os.path.expanduser(model)
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
@@ -357,8 +322,7 @@ def model_folder_for_all_ranks(model):
 
 
 def disk_bytes(models, args):
-    """(one checkpoint's bytes, the most the run's folder holds at once): the run's disk account, in its
-    summary line (checkpoint_bytes, run_disk_bytes)."""
+    """(one checkpoint's bytes, the most the run's folder holds at once): the run summary's disk account."""
     one = checkpoint_bytes(models.policy, models.teacher)
     saves = -(-args.steps // args.save_every) if args.save_every else 0
     return one, run_disk_bytes(one, final_model_bytes(models.policy), args.keep_last, saves)
@@ -369,7 +333,6 @@ def size(n):
 
 
 def out_of_disk(out, need, what):
-    """The one line of a run that stops because the disk of --out cannot hold `what` (`need` bytes)."""
     newest = latest(out)
     then = f"the newest complete checkpoint, {newest}, is kept: free some space, then continue with: python " \
            f"train.py --out {out} --resume" if newest else \
@@ -379,8 +342,7 @@ def out_of_disk(out, need, what):
 
 
 def check_room_on_all_ranks(out, need, what, rank):
-    """Before a save: stop every rank, in one line (OutOfDisk), when the disk of --out has less free space than
-    `what` needs; rank 0 looks and broadcasts its verdict."""
+    """Collective, before a save: all ranks raise OutOfDisk if --out's disk has under `need` bytes free."""
     box = [out_of_disk(out, need, what) if rank == 0 and shutil.disk_usage(out).free < need else None]
     dist.broadcast_object_list(box, src=0)
     if box[0] is not None:
@@ -389,9 +351,7 @@ def check_room_on_all_ranks(out, need, what, rank):
 
 @contextlib.contextmanager
 def stop_cleanly_if_the_disk_fills(out, need, what, partial, rank):
-    """A save that fails for want of space anyway (ENOSPC, or torch's write error on a full disk, which names no
-    errno): its partial folder is removed and the run stops in one line (OutOfDisk). Nothing saved before it
-    is touched: a save writes into its own .partial folder, and prunes older checkpoints only once published."""
+    """A save failing for want of space (ENOSPC, or torch's errno-less error) removes `partial`, raises OutOfDisk."""
     try:
         yield
     except (OSError, RuntimeError, dcp.api.CheckpointException) as e:
@@ -404,10 +364,7 @@ def stop_cleanly_if_the_disk_fills(out, need, what, partial, rank):
 
 def save_checkpoint(args, configuration, step, models, questions, wandb_id, fingerprints, tokenizer, rank,
                     first_gaps=()):
-    """save of everything the loop needs to go on exactly: weights, optimizer, schedule, the
-    question order and its random state, what a resume checks (the fingerprints), and the sampler gaps
-    of the run's first steps (SamplerGapWatch.first). First the disk's room for it: the size of the newest
-    checkpoint, or before the first the estimate of checkpoint_bytes."""
+    """`save` of all the loop needs to go on exactly, once the disk has room (the newest checkpoint's size)."""
     trainer_state = {"scheduler": models.scheduler.state_dict(), **questions.state(), "wandb_id": wandb_id,
                      "fingerprints": fingerprints, "sampler_gap_first": list(first_gaps)}
     newest = latest(args.out)
@@ -423,9 +380,7 @@ def save_checkpoint(args, configuration, step, models, questions, wandb_id, fing
 
 
 def save_final(policy, model_dir, tokenizer, out, rank, preset):
-    """The trained policy as a Hugging Face model in OUT/final: the full fp32 weights, gathered into
-    rank 0's CPU memory only, written as final.partial/ and then renamed, so that a crash never leaves
-    a final/ that is not whole. Its RUN_MARK names the run's preset, which a run from it keeps."""
+    """Collective: the fp32 policy in OUT/final, gathered to rank 0's CPU only, published atomically with RUN_MARK."""
     from transformers import AutoModelForCausalLM
     final = os.path.join(out, "final")
     need = final_model_bytes(policy)
@@ -445,7 +400,7 @@ def save_final(policy, model_dir, tokenizer, out, rank, preset):
 
 
 if __name__ == "__main__":
-    # python py OUT/checkpoints/step_S MODEL_DIR: the checkpoint's policy as a model folder
+    # python -m harness.checkpoint OUT/checkpoints/step_S MODEL_DIR: the checkpoint's policy as a model folder
     import argparse
     ap = argparse.ArgumentParser(description="Write a training checkpoint's policy as a Hugging Face model folder "
                                              "(transformers, vLLM, eval.py and train.py --model load it).")

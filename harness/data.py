@@ -1,46 +1,14 @@
 """Paired training data, evaluation benchmarks and prompts.
 
-A training example is a `Pair`: a question, its rephrasing (same mathematics and answer, new
-wording and scenario; None in a plain question set) and the gold answer. The gold answer is never
-used by the label-free rewards; it feeds the `gt` baseline and the metrics (rollout_acc, label_acc).
+A training example is a `Pair`: a question, its rephrasing (same mathematics and answer, new wording and scenario;
+None in a plain question set) and the gold answer, which the label-free rewards never use: it feeds the `gt`
+baseline and the metrics (rollout_acc, label_acc). `load_training` reads `--data`: pairs, a plain question set, or a
+shipped benchmark's questions (test-time training, as TTRL does: allowed, and reported as `test_time_training`).
+`load_benchmark` reads the evaluation sets (BENCHMARKS); `prompt_encoder` asks in the model's format, not the data's.
 
-Training data (`load_training`): the pairs below, or, for the methods that train on the original
-questions only (`--views original`), a plain question set:
-- a parquet, JSON or JSONL file whose question column is one of QUESTION_COLUMNS (question,
-  problem, prompt) and whose answer column is one of ANSWER_COLUMNS (answer, solution,
-  ground_truth), the first found of each; with a rephrasing column (REPHRASING_COLUMNS:
-  rephrased_question, rephrased) its rows are pairs, the question column then also
-  original_question;
-- a shipped benchmark's questions (math500, gsm8k, ...): test-time training, as TTRL does, on the
-  questions it is then evaluated on; allowed, and the run says so (`test_time_training`).
-
-Training pairs (`load_pairs`), shipped in data/train/ or given as a path or a hub id:
-- 'openrs', 'math': one parquet of pairs with columns `original_question, rephrased_question,
-  solution` (the official OpenRS and MATH pairs); any parquet path in this format, or a Hugging
-  Face hub dataset id in this format (needs the network);
-- 'dapo', 'amc_ttt': two parquets in verl's format (`prompt` = [system, user] messages,
-  `reward_model` = {'ground_truth': ...}), the originals and the rephrasings, each row with its
-  `extra_info.index`; any two such files as `ORIGINALS.parquet,REPHRASINGS.parquet` (as the
-  official scripts' `train_files` and `train_aug_files`). Each original is joined to the
-  rephrasing of the same `extra_info.index` when both files carry it on every row, else to the
-  rephrasing on its row; the pairs come in the originals' order, checked as `verl_pairs` says.
-
-Evaluation benchmarks (`load_benchmark`), shipped in data/eval/: math500, gsm8k (the answer
-after `####`), amc, amc23, aime24, aime25, math5000 (the MATH test set, verl's format).
-
-Gold answers are read as text; whole numbers are written plainly (`142.0`, `025` -> `142`, `25`).
-Malformed files are errors naming the file, the row and the problem. One leniency: a training row
-whose gold answer is empty is kept with `answer=None`, and counted on load; the official files
-have three (openrs row 4303, math rows 5341 and 5343), the label-free methods never read it,
-and `gt` and the metrics count such a group as unlabeled (no reward, not correct).
-
-Prompts (`prompt_encoder`) follow the model, not the data: the classroom's own tokenizer gets the
-classroom's format, whatever the data (world.format_prompt: it has no words for instructions); a
-model with a chat template gets [system, user] messages through it, by default the paper's system
-prompt and the question (PROMPTS: `official`, what train.py asks with; eval.py's and
-tools/format_warmup.py's `--prompt` choose another); any other model, plain text (system prompt,
-blank line, question). The classroom's questions, written with a space before each punctuation
-mark for its tokenizer, are asked of another model in plain English (world.plain_english).
+Malformed files are errors naming the file, the row and the problem. One leniency: a training row with an empty gold
+answer is kept as `answer=None` and counted on load (the official files have three: openrs row 4303, math rows 5341
+and 5343); the label-free methods never read it, and `gt` and the metrics count its group as unlabeled.
 """
 import json
 import math
@@ -94,18 +62,15 @@ def question_text(value, where):
     return value
 
 
-# A gold answer of more words than this (runs of 3+ letters outside LaTeX commands), with no \boxed{}, is a
-# worked solution: the shipped training and benchmark answers have at most 3 (`\text{Softball, Kickball, Picnic}`).
+# Words (runs of 3+ letters outside LaTeX commands) above which a gold answer is a worked solution; shipped ones: <= 3.
 WORKED_SOLUTION_WORDS = 10
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 
 
 def answer_text(value, where):
-    """A gold answer as text, or None when it is empty. A number is written as a reader would: an
-    integral float as an integer (1e20 -> 100000000000000000000, never `1e+20`), another float in
-    positional notation. A worked solution (a MATH `solution` column) gives its last \boxed{}; one
-    without a box, of more than WORKED_SOLUTION_WORDS words, is refused: it would be compared whole
-    with every final answer."""
+    """A gold answer as text, or None when empty; numbers as a reader writes them (1e20 -> 100000000000000000000,
+    `142.0` -> `142`, other floats positional). A worked solution (a MATH `solution` column) gives its last \\boxed{};
+    one without a box, of over WORKED_SOLUTION_WORDS words, is refused: it would be compared whole with every answer."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
@@ -154,8 +119,8 @@ def verl_answer(reward_model, where):
 
 
 def load_training(source, views):
-    """(pairs, test_time_training) for `--data source`: pairs when `views` is 'both' (each question
-    with its rephrasing), pairs or a plain question set (`rephrased` None) when it is 'original'."""
+    """(pairs, test_time_training) for `--data source`: a benchmark, a PAIR_COLUMNS parquet (pairs_from_frame), another
+    parquet, JSON or JSONL file (rows_of_a_file), else load_pairs. `views` 'both' needs pairs, not plain questions."""
     test_time = source in BENCHMARKS
     if test_time:
         pairs = [Pair(p.question, None, p.answer) for p in load_benchmark(source)]
@@ -186,8 +151,8 @@ def json_records(path):
 
 
 def rows_of_a_file(path, records):
-    """Pairs from the rows of a parquet, JSON or JSONL file that has a rephrasing column (REPHRASING_COLUMNS), else
-    plain questions (no rephrasings), by the columns of its first row."""
+    """Pairs (with a rephrasing column, REPHRASING_COLUMNS) or plain questions from the rows of a parquet, JSON or JSONL
+    file, by its first row's columns: QUESTION_COLUMNS (for pairs original_question first) and ANSWER_COLUMNS."""
     if not isinstance(records, list) or not records:
         raise InputError(f"{path}: expected a non-empty list of rows")
     columns = set(records[0]) if isinstance(records[0], dict) else set()
@@ -210,7 +175,7 @@ def rows_of_a_file(path, records):
 
 
 def load_pairs(source):
-    """Pairs from a shipped name, a parquet path or a hub dataset id (see the module docstring)."""
+    """Pairs from a shipped name, `ORIGINALS.parquet,REPHRASINGS.parquet`, or a PAIR_COLUMNS parquet or hub id."""
     if source in SHIPPED_VERL_PAIRS:
         original, rephrased = (os.path.join(DATA_DIR, f) for f in SHIPPED_VERL_PAIRS[source])
         return verl_pairs(original, rephrased)
@@ -261,8 +226,7 @@ def pairs_from_frame(frame, name):
 
 
 def every_row(name, rows, read, shown=5):
-    """[read(row, where) for each row], `where` naming the file and the row; the rows that cannot be read are
-    reported together in one message, the first `shown` of them in full, instead of stopping at the first."""
+    """[read(row, where)] per row, `where` naming file and row; all unreadable rows in one error, `shown` in full."""
     read_rows, problems = [], []
     for i, row in enumerate(rows):
         try:
@@ -276,13 +240,9 @@ def every_row(name, rows, read, shown=5):
 
 
 def verl_pairs(original_path, rephrased_path):
-    """Pairs from two verl parquets, the originals and their rephrasings, in the originals' order. Each original is
-    joined to the rephrasing that carries its `extra_info.index` when both files carry one on every row (the
-    authors' files do), else to the rephrasing on its row. Checked, each refused in one line naming the file and the
-    first row at fault: a file with the index on some rows only, or one file with it and the other without; by index,
-    an index twice in a file, a rephrasing whose index no original has, and an original without a rephrasing (fewer
-    rows); by row, as many rows in each file; and each pair the same ground truth. The index is trusted: a
-    rephrasing that carries another question's index, of the same answer, cannot be told from its own."""
+    """Pairs from two verl parquets (the official train_files, train_aug_files) in the originals' order, joined by
+    `extra_info.index` when both carry it on every row (verl_index, rephrasing_rows), else by row; a pair's ground
+    truths must agree. The index is trusted: a rephrasing under another question's index passes if the answers agree."""
     frames = read_parquet(original_path), read_parquet(rephrased_path)
     original, rephrased = verl_rows(original_path, frames[0]), verl_rows(rephrased_path, frames[1])
     o_index, r_index = verl_index(frames[0], original_path), verl_index(frames[1], rephrased_path)
@@ -317,8 +277,7 @@ def verl_pairs(original_path, rephrased_path):
 
 
 def rephrasing_rows(original_path, o_index, rephrased_path, r_index):
-    """For each original, the row of the rephrasing with its extra_info.index. Refused: an index twice in a file, a
-    rephrasing whose index no original has, an original that no rephrasing has (the rephrasings fewer)."""
+    """Each original's rephrasing row, by extra_info.index; refused: an index twice in a file, or without a match."""
     for path, index in ((original_path, o_index), (rephrased_path, r_index)):
         first = {}
         for i, key in enumerate(index):
@@ -391,13 +350,11 @@ def report_unlabeled(pairs, name):
 
 def mismatch_rephrasings(pairs, share, seed):
     """(pairs, a line for run.log): the control of --rephrase_noise. round(share x N) of the N pairs (at least 2),
-    drawn with `seed`, each take the rephrasing of the next of them (in the draw's order, the last the first's): every one of
-    them gets another question's rephrasing, fixed for the run. Its original and gold answer stay its own."""
+    drawn with `seed`, each take the next drawn one's rephrasing (the last the first's), keeping original and answer."""
     import hashlib
     import torch
     count = max(2, round(share * len(pairs))) if share else 0           # one pair alone has no other to swap with
-    # a stream of its own: torch.randperm seeded by `seed` itself is the run's question order (train.Questions), whose
-    # first steps would then take exactly the mismatched pairs
+    # own stream: randperm seeded by `seed` is the run's question order (train.Questions), which would start with these
     stream = int.from_bytes(hashlib.blake2b(f"{seed}/rephrase_noise".encode(), digest_size=8).digest(), "little")
     drawn = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(stream))[:count].tolist()
     pairs = list(pairs)
@@ -448,8 +405,7 @@ def benchmark_row(record, field, gsm8k, where):
 
 @dataclass(frozen=True)
 class Prompt:
-    """How a question is asked: a system message (None: the chat template's own default) and the user message,
-    in which {question} stands for the question."""
+    """How a question is asked: a system message (None: the chat template's default) and the user's, with {question}."""
     system: str | None
     user: str = "{question}"
 
@@ -458,8 +414,7 @@ class Prompt:
         return system + [{"role": "user", "content": self.user.replace("{question}", question)}]
 
 
-# --prompt: `official` is the paper's (its system prompt, the question as the user's message); the others say more
-# plainly what to write, for small models that do not follow a system prompt (GPUS.md, a real model on a CPU).
+# --prompt: `official` is the paper's system prompt; the others say plainly what to write, for small models (GPUS.md).
 PROMPTS = {
     "official": Prompt(SYSTEM_PROMPT),
     "user": Prompt(None, "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."),
@@ -470,12 +425,9 @@ PROMPTS = {
 
 
 def prompt_encoder(tokenizer, classroom=False, prompt="official"):
-    """question -> prompt token ids, in the format of the model (its tokenizer), not of the data: the classroom
-    world's own tokenizer (world.is_classroom_tokenizer) gets the world's format (world.format_prompt; it has no
-    words for instructions, so `prompt` does not apply); a model with a chat template, the PROMPTS[prompt] messages
-    through it; any other model, plain text (the system message, a blank line, the user's). `classroom`: the
-    questions are the classroom world's, written with a space before each punctuation mark for its tokenizer; any
-    other model gets them in plain English (world.plain_english)."""
+    """question -> prompt token ids in the model's format: world.format_prompt for the world's own tokenizer
+    (world.is_classroom_tokenizer; `prompt` unused), else PROMPTS[prompt] via a chat template, or without one as
+    plain text (system, blank line, user). `classroom`: the world's questions (world.plain_english for others)."""
     from harness import world
     if prompt not in PROMPTS:
         raise InputError(f"unknown prompt {prompt!r}; choose from {', '.join(PROMPTS)}")
@@ -491,8 +443,7 @@ def prompt_encoder(tokenizer, classroom=False, prompt="official"):
 
 
 def unknown_token_warning(tokenizer, prompts, what):
-    """A warning (None when there is nothing to say) for the prompts (token ids) that hold the tokenizer's unknown
-    token: words the model cannot read, as when the classroom's word-level tokenizer is given other text."""
+    """A warning, or None, for the prompts (token ids) that hold the tokenizer's unknown token (unreadable words)."""
     unknown = getattr(tokenizer, "unk_token_id", None)
     hit = [p for p in prompts if unknown is not None and unknown in p]
     if not hit:
@@ -503,9 +454,8 @@ def unknown_token_warning(tokenizer, prompts, what):
 
 
 def drop_long(items, prompts_of, max_prompt_len, what):
-    """The items whose prompts (prompts_of(item): their token ids) all fit in max_prompt_len tokens, for the
-    training pairs (both views) and the evaluation questions alike. Says how many `what` were dropped; a set
-    of which none fits is refused."""
+    """The items whose prompts (prompts_of(item): token ids) all fit in max_prompt_len tokens; says how many `what`
+    were dropped, and refuses a set of which none fits."""
     kept = [item for item in items if all(len(prompt) <= max_prompt_len for prompt in prompts_of(item))]
     if len(kept) < len(items):
         print(f"dropped {len(items) - len(kept)} of {len(items)} {what} whose prompt exceeds {max_prompt_len} tokens")

@@ -1,5 +1,5 @@
-"""The launcher and the stop signals: `python train.py --ranks N` starts its ranks here (`launch_ranks`), and
-SIGTERM or SIGINT stops a run at its step's end, with a checkpoint (`StopSignals`).
+"""The launcher and the stop signals: `python train.py --ranks N` starts its ranks here (`launch_ranks`), and SIGTERM or
+SIGINT stops a run at its step's end, with a checkpoint (`StopSignals`).
 """
 import os
 import signal
@@ -14,20 +14,16 @@ from harness.errors import GUARD_STOP, STOPPED, USAGE
 
 
 def launch_ranks(ranks, program, argv, max_restarts=0, out=None):
-    """Start `ranks` processes of `program argv` under torchrun's launcher (its agent, in this process), and
-    exit with the status of the first rank that failed. Each rank reports its own failure: a mistake in the
-    settings or inputs as one line from the first rank (status 2, to which nothing is added here), anything
-    else as its traceback, followed by one line that names the rank. A signal reaches the ranks as under
-    torchrun (each finishes its step and writes a checkpoint; a second one, which torchrun's agent passes on as
-    SIGTERM, stops them at once: StopSignals); this process then exits with 128 + the signal. With `max_restarts`,
-    torchrun starts the ranks again after a failure, up to that many times, and each restart continues the run from
-    its newest checkpoint (`as_an_attempt`); when they are spent, one line says so and how to continue by hand."""
+    """Start `ranks` processes of `program argv` under torchrun's agent, in this process, and exit with the first failed
+    rank's status. A rank reports its own failure: a usage error or a stop in one line (its status passed on), anything
+    else as its traceback, then a line naming the rank. Signals reach the ranks as under torchrun (StopSignals); this
+    process then exits with 128 + the signal. With `max_restarts`, torchrun restarts the ranks after a failure, each
+    resuming from the newest checkpoint (`as_an_attempt`); once spent, a line says how to resume by hand."""
     import logging
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    # The agent's own reports repeat what the ranks print, followed by its traceback; and the threads it sets
-    # (OMP_NUM_THREADS=1 for each of several ranks) GPUS.md states.
+    # Quiet the agent: its reports repeat what the ranks print; GPUS.md states the threads it sets (OMP_NUM_THREADS=1).
     for logger in [name for name in logging.root.manager.loggerDict if name.startswith("torch.distributed")]:
         logging.getLogger(logger).setLevel(logging.CRITICAL)         # each has its level (torch's LOGLEVEL)
     name = os.path.basename(program)
@@ -36,8 +32,7 @@ def launch_ranks(ranks, program, argv, max_restarts=0, out=None):
                                           program, *argv]))
     except ChildFailedError as failed:
         rank, first = failed.get_first_failure()
-        if first.exitcode in (USAGE, GUARD_STOP, STOPPED):   # a usage error, a guard's stop, a stop with its
-                                                                # checkpoint: each said so in its line
+        if first.exitcode in (USAGE, GUARD_STOP, STOPPED):   # each said so in its own line
             sys.exit(first.exitcode)
         how = f"exit status {first.exitcode}" if first.exitcode > 0 else f"signal {-first.exitcode}"
         spent = f"; torchrun's {max_restarts} restart(s) are spent, and {out} keeps its newest checkpoint: continue " \
@@ -49,41 +44,21 @@ def launch_ranks(ranks, program, argv, max_restarts=0, out=None):
 
 
 class StopSignals:
-    """SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C) ask the run to stop: every rank
-    finishes its step, and at the step's end the ranks agree (an all-reduce: one rank's signal
-    stops them all), write a checkpoint and exit cleanly. A second signal stops the process at once,
-    without finishing the step or writing a checkpoint: rank 0 says, in one line, which complete
-    checkpoint is kept and how to continue from it, and the process exits with 128 + the signal's
-    number (130 for SIGINT, 143 for SIGTERM), as a shell reports a process a signal ended.
+    """SIGTERM and SIGINT (preemption, Ctrl-C) ask the run to stop: every rank finishes its step, the ranks agree at its
+    end (`agreed_over_ranks`: one rank's signal stops all), write a checkpoint and exit cleanly. A second signal stops
+    the process at once, without either: rank 0 names the newest complete checkpoint and how to continue, and the
+    process exits with 128 + the signal (130 for Ctrl-C). Under a launcher (--ranks, torchrun) Ctrl-C reaches the
+    launcher alone (the workers have sessions of their own): its agent passes the first signal on, and at a second sends
+    every worker SIGTERM. A torchrun worker also stops as on SIGTERM once its launcher is gone (even killed by SIGKILL).
 
-    Who gets the second signal. `python train.py` in a terminal: Ctrl-C reaches its process group,
-    this process. Under a launcher (--ranks, torchrun) the workers run in sessions of their own, so
-    a terminal's Ctrl-C reaches the launcher alone: its agent sends the first signal on to every
-    worker and waits for them; a second one interrupts that wait, and on its way out the agent sends
-    every worker SIGTERM, each worker's second signal. A scheduler's SIGTERM to the launcher is sent
-    on as the first one was.
-
-    How it stops at once. A Python signal handler runs in the main thread between bytecodes: a rank
-    blocked in a C call (a collective waiting for a peer, a long operator, vLLM's forward in this
-    process) would not run it until the call returns, which for a collective whose peer has gone may
-    be never, and two signals that arrive meanwhile count as one. So the handlers installed here do
-    nothing in the main thread; the C-level handler behind them also writes each signal's number to
-    a pipe (signal.set_wakeup_fd) the moment it arrives, whatever the main thread is doing, and a
-    thread of this class reads the pipe, counts the signals and, at the second, calls os._exit.
-    That thread needs the GIL only for a moment, and the calls a step blocks in release it (torch's
-    operators, gloo's collectives, file and socket I/O); a C call that held it throughout would
-    delay the exit until it returned. os._exit rather than an exception: an exception is raised in
-    the main thread, by the same handlers, only once the C call returns; and it would run `finally`
-    blocks and atexit hooks, which wait for collectives, the engine and the helper processes.
-    os._exit runs none of them, and what it cuts short is safe: a checkpoint being written stays a
-    .partial folder, which no resume takes (checkpoint.py); a checkpoint being pruned was renamed to
-    one first; metrics.jsonl loses at most the line of the step in progress, which a resume drops
-    (MetricsLog.truncate); the grader's helper process (answers.py) ends when its parent is gone.
-
-    So does the end of the launcher: torchrun starts its workers in sessions of their own, so a
-    `kill -9` of torchrun (or of its process group) leaves them running, still writing into --out.
-    A worker started by torchrun (TORCHELASTIC_RUN_ID is set) remembers its parent; once its
-    parent is another process (the launcher died and it was re-parented), it stops as on SIGTERM."""
+    Why a watcher thread and os._exit: a Python signal handler runs in the main thread between bytecodes, so a rank
+    blocked in a C call (a collective whose peer is gone, vLLM's forward) might never run it, and two signals meanwhile
+    count as one. So the Python handlers do nothing; the C handler also writes each signal to a pipe
+    (signal.set_wakeup_fd), which a watcher thread reads, holding the GIL only briefly (torch's operators, gloo and I/O
+    release it), to call os._exit at the second. An exception would wait for the C call, then run `finally` blocks and
+    atexit hooks that wait for collectives, the engine and helpers. What os._exit cuts short is safe: a checkpoint being
+    written or pruned stays .partial (harness/checkpoint.py); metrics.jsonl loses at most the current step's line, which
+    a resume drops (runfolder.MetricsLog.truncate); answers.py's helper ends with its parent."""
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, out, rank):

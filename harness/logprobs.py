@@ -1,23 +1,17 @@
 """Token log-probs of a batch of responses, from the decoder's last hidden states.
 
-The definition, for input_ids [B, T] and temperature T_s (the sampling temperature):
+The definition, for input_ids [B, T] and the sampling temperature T_s:
 
     log π(token_{t+1} | tokens ≤ t) = log_softmax(logits_t / T_s)[token_{t+1}]
 
-`naive_logprobs` below computes it as written: logits [B, T, V] -> log_softmax over the vocabulary.
-It is the formula the chunked path must equal (the tests hold it to 1e-5, values and gradients),
-and nothing else calls it, because it keeps vocabulary-sized fp32 tensors for every position of a
-micro-batch: at V = 151,936 and 2 x 3,584 tokens, 4.4 GB each, and autograd keeps several.
+`naive_logprobs` computes it as written. Only the tests call it, holding the chunked path to it (1e-5, values and
+gradients): its vocabulary-sized fp32 tensors for every position take 4.4 GB each at V = 151,936 and 2 x 3,584 tokens,
+and autograd keeps several.
 
-The chunked path: the model returns its last hidden states; only the positions that predict a
-response token are kept (prompt and padding positions never reach the output layer), and the
-output layer runs over LOGIT_CHUNK of them at a time (`ChunkedLogprobs`). The forward keeps
-hidden [n, H] and one logsumexp per token; the backward recomputes each chunk's logits. One
-[chunk, V] fp32 block is alive at a time, whatever the sequence length.
-
-- `token_logprobs`: log-probs of the response tokens (and the entropy of each position's
-  distribution, with a gradient for the loss's entropy bonus), for the loss;
-- `token_values`: any function of each position's whole log-prob vector (the answer-free rewards).
+The chunked path (`ChunkedLogprobs`) runs the output layer over LOGIT_CHUNK of the positions that predict a response
+token at a time. The forward keeps hidden [n, H] and one logsumexp per token, the backward recomputes each chunk's
+logits: one [chunk, V] fp32 block is alive at a time, whatever the sequence length. `token_logprobs` gives the loss its
+log-probs (and entropies); `token_values`, any function of each position's log-prob vector (the answer-free rewards).
 """
 import warnings
 
@@ -39,12 +33,9 @@ LOGIT_CHUNK = 1024      # tokens per pass through the output layer: 1024 x 151,9
 
 
 def response_hidden(model, input_ids, mask):
-    """The decoder's last hidden states where `mask` [B, T-1] marks a position that predicts a
-    response token: (hidden [n, H], the predicted tokens [n], the output layer's weight [V, H]).
-
-    The model computes the logits of the last position only (logits_to_keep=1); they are compared
-    with hidden @ weight.T there, so that a model whose head is not a plain linear map (soft-capped
-    or scaled logits) stops the run instead of training on wrong log-probs."""
+    """Where `mask` [B, T-1] marks a position that predicts a response token: (hidden [n, H], the predicted tokens [n],
+    the output layer's weight [V, H]). Raises ValueError unless the last position's logits equal hidden @ weight.T: a
+    soft-capped or scaled head would get wrong log-probs."""
     # FSDP warns that the first hidden state (the embeddings) is a view; none is written to
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -69,11 +60,9 @@ def _chunk_logits(hidden, weight, temperature):
 
 
 class ChunkedLogprobs(torch.autograd.Function):
-    """log p(target) = z[target] - logsumexp(z), z = hidden @ weight.T / T, chunk by chunk; with
-    `entropy`, also the entropy H = logsumexp(z) - Σ softmax(z) z of each distribution (with a gradient
-    only when `entropy_grad`). Saved for the backward: hidden, weight, targets, the logsumexp [n] and H.
-    The backward recomputes each chunk's z and uses d log p(target) / dz = onehot(target) - softmax(z),
-    and dH/dz = -softmax(z) (log softmax(z) + H)."""
+    """log p(target) = z[target] - logsumexp(z), z = hidden @ weight.T / T, chunk by chunk; with `entropy`, also each
+    distribution's entropy H = logsumexp(z) - Σ softmax(z) z (with a gradient when `entropy_grad`). The backward
+    recomputes each z: d log p(target)/dz = onehot(target) - softmax(z); dH/dz = -softmax(z) (log softmax(z) + H)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, entropy, entropy_grad=False):
@@ -93,8 +82,7 @@ class ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_ent):
         hidden, weight, targets, lse, ent = ctx.saved_tensors
-        # the output layer's gradient is summed over the chunks in fp32 and cast once: in bf16, a sum over the
-        # ~16 chunks of a long micro-batch would round at every chunk
+        # the output layer's gradient is summed over the chunks in fp32 and cast once: bf16 would round at each chunk
         grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight, dtype=torch.float32)
         for rows, z in _chunk_logits(hidden, weight, ctx.temperature):
             g = grad_logp[rows, None]                                                   # [c, 1]
@@ -114,10 +102,9 @@ class ChunkedLogprobs(torch.autograd.Function):
 
 
 def token_logprobs(model, input_ids, mask, temperature, entropy=False, entropy_grad=False):
-    """log π(token_{t+1} | tokens ≤ t) at the sampling temperature where `mask` [B, T-1] is 1 (0
-    elsewhere): logp [B, T-1]; with `entropy`, also the entropy of that distribution [B, T-1] (with a
-    gradient when `entropy_grad`: the loss's entropy bonus), else None. input_ids [B, T] right-padded
-    (causal attention needs no mask then)."""
+    """log π(token_{t+1} | tokens ≤ t) at the sampling temperature where `mask` [B, T-1] is 1, 0 elsewhere:
+    logp [B, T-1]; with `entropy`, also each distribution's entropy [B, T-1] (with a gradient when `entropy_grad`: the
+    loss's entropy bonus), else None. input_ids [B, T], right-padded (causal attention needs no mask then)."""
     hidden, targets, weight = response_hidden(model, input_ids, mask)
     logp, ent = ChunkedLogprobs.apply(hidden, weight, targets, temperature, entropy or entropy_grad, entropy_grad)
     keep = mask.bool()

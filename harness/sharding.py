@@ -1,13 +1,10 @@
 """Processes and sharding: the device switch point between a laptop and a cluster.
 
-`init_distributed` joins the process group torchrun describes (gloo on a CPU, NCCL for CUDA
-tensors); a plain `python train.py` is a world of one, so that every run takes the same path.
-
-Sharding is FSDP2's `fully_shard` on each decoder layer, then on the root, on every run (a world
-of one included). Models are built on the meta device and filled shard by shard
-(`load_sharded`); the weight sync streams them parameter by parameter (`gather_full_weights`): no rank
-holds a whole model on its device. FSDP2 averages gradients over ranks (grpo.py's NORMALISATION
-says how the loss accounts for it).
+`init_distributed` joins the process group torchrun describes (gloo on a CPU, NCCL for CUDA tensors); a plain
+`python train.py` is a world of one, so that every run takes the same path. Every run shards with FSDP2's
+`fully_shard` on each decoder layer, then the root. Models are built on the meta device and filled shard by shard
+(`load_sharded`), and the weight sync streams them one parameter at a time (`gather_full_weights`): no rank holds a
+whole model on its device. FSDP2 averages gradients over ranks (grpo.py's LOSS_AGG_TABLE accounts for it).
 """
 import os
 import socket
@@ -22,8 +19,8 @@ from harness.errors import WeightSyncError
 
 
 def init_distributed(store=None):
-    """Join the process group torchrun describes (with `store`, the keys of a restart: resume.restart_store); a plain
-    `python train.py` is a world of one. Returns (rank, world_size, device)."""
+    """Join torchrun's process group, or a world of one (`store`: a restart's keys, resume.restart_store). Returns
+    (rank, world_size, device)."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
@@ -40,13 +37,11 @@ def init_distributed(store=None):
 
 
 def shard(model, param_dtype=None, activation_checkpointing=False, compile_layers=False):
-    """FSDP2: each decoder layer is its own unit, then the root (embeddings, norm, head).
-    `param_dtype` (e.g. torch.bfloat16) turns on mixed precision with fp32 gradient reduction.
-    `activation_checkpointing` keeps only each decoder layer's input for the backward and
-    recomputes the layer's insides there: activation memory falls from every intermediate of
-    every layer to one hidden state per layer, for about one more forward pass of compute.
-    `compile_layers` compiles each decoder layer (torch.compile) on its first call: its elementwise
-    operations fuse, at the price of a compilation at the start (bench/speed.md says where it pays)."""
+    """FSDP2: each decoder layer its own unit, then the root (embeddings, norm, head). `param_dtype` (e.g.
+    torch.bfloat16): mixed precision with fp32 gradient reduction. `activation_checkpointing`: each layer keeps only its
+    input and recomputes its insides in the backward (one hidden state per layer instead of every intermediate, for
+    about one more forward). `compile_layers`: torch.compile each layer on its first call, fusing its elementwise
+    operations (bench/speed.md says where it pays)."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in model.model.layers:
         if compile_layers:
@@ -60,12 +55,10 @@ def shard(model, param_dtype=None, activation_checkpointing=False, compile_layer
 
 def load_sharded(model_dir, device, dtype=torch.float32, compute_dtype=torch.float32, activation_checkpointing=False,
                  compile_layers=False):
-    """The Hugging Face model in `model_dir`, sharded (`shard`), its parameters kept in `dtype` and
-    computed in `compute_dtype`, without any rank holding the whole model on `device`: it is built
-    on the meta device (no memory), sharded, given empty shards on `device`, and filled from rank 0,
-    which reads the weights into CPU memory and sends each rank its shards one tensor at a time
-    (torch.distributed.checkpoint's broadcast_from_rank0). Buffers computed at construction rather
-    than stored (the rotary frequencies) come from rank 0's model too."""
+    """The Hugging Face model in `model_dir`, sharded (`shard`), kept in `dtype` and computed in `compute_dtype`, with
+    no rank holding it whole on `device`: built on the meta device, sharded, given empty shards and filled from rank 0's
+    CPU copy one tensor at a time (broadcast_from_rank0); buffers computed at construction (the rotary frequencies) come
+    from rank 0 too. A collective."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     with torch.device("meta"):
@@ -84,8 +77,7 @@ def load_sharded(model_dir, device, dtype=torch.float32, compute_dtype=torch.flo
 
 
 def reshard(*models):
-    """Put every FSDP unit back into its sharded state: FSDP leaves the root's parameters gathered
-    after a forward, and the EMA and checkpoints work on the shards."""
+    """Put every FSDP unit back into its sharded state (FSDP leaves the root gathered after a forward)."""
     for model in models:
         for m in model.modules():
             if isinstance(m, FSDPModule):
@@ -93,12 +85,10 @@ def reshard(*models):
 
 
 def gather_full_weights(model, dtype=None):
-    """(name, full tensor) of each parameter, one at a time, in `dtype` (default: its own): each is cast
-    on its shard, then all-gathered when the consumer asks for it, so a rank holds one full parameter
-    beyond its shards, never a full copy of the model (the weight sync streams the model through).
-    Every rank must consume the whole iterator, in order: each parameter is a collective. A tied
-    parameter (the embedding and the output layer) is gathered once and given under each of its
-    names, as a checkpoint names it (vLLM expects both)."""
+    """(name, full tensor) of each parameter, one at a time, in `dtype` (default: its own): cast on its shard, then
+    all-gathered when the consumer asks, so a rank holds one full parameter beyond its shards. Each parameter is a
+    collective: every rank must consume the whole iterator, in order. A tied parameter is gathered once and given under
+    each of its names (vLLM expects both)."""
     reshard(model)
     names = {}                                      # id -> (parameter, [its names])
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -111,9 +101,8 @@ def gather_full_weights(model, dtype=None):
 
 
 def sync_engine_weights(engine, model):
-    """Load `model`'s weights into this rank's rollout engine (`gather_full_weights`), checked by the engine
-    (rollout.py: every tensor sent and taken, a sample read back). A collective: every rank stops,
-    with the failing rank's words, if any rank's engine did not take its weights."""
+    """Load `model`'s weights into this rank's rollout engine, which checks them (harness/weightcheck.py). A collective:
+    every rank raises WeightSyncError, with the failing rank's words, if any engine failed."""
     problem = engine.load_weights(gather_full_weights(model, engine.dtype))
     raise_if_any_rank(problem, WeightSyncError, "the weight sync into the rollout engine",
                       "The engine would sample from other weights than the trainer's, so the run stopped. Check that "
@@ -122,9 +111,8 @@ def sync_engine_weights(engine, model):
 
 
 def failed_ranks(problem):
-    """[(rank, its problem)] of the ranks whose `problem` is not None, the same list on every rank: an all-reduce of
-    who failed (a CPU tensor: gloo, on a CPU and beside NCCL on a GPU), then, only when one did, an all-gather of
-    their words."""
+    """[(rank, its problem)] of the ranks whose `problem` is not None, the same on every rank: an all-reduce of who
+    failed (a CPU tensor: gloo), then, only if one did, an all-gather of their words."""
     failed = torch.zeros(dist.get_world_size())
     failed[dist.get_rank()] = float(problem is not None)
     dist.all_reduce(failed)
@@ -136,8 +124,8 @@ def failed_ranks(problem):
 
 
 def raise_if_any_rank(problem, error, what, advice):
-    """A collective: raise `error` on every rank, naming the first rank that failed and its words, and how many others
-    did, if any rank's `problem` is not None."""
+    """A collective: if any rank's `problem` is not None, raise `error` on every rank, naming the first failed rank, its
+    words and how many others failed."""
     failed = failed_ranks(problem)
     if failed:
         (rank, words), others = failed[0], len(failed) - 1

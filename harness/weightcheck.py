@@ -1,10 +1,8 @@
 """The weight check after each sync into vLLM: what the engine holds is what the trainer sent, bit for bit.
 
-Every tensor of the start checkpoint must be sent, in its shape, and a few parameters each load are read back from
-the engine and compared bit for bit with what was sent, so that every readable parameter is read back within a few
-loads. vLLM's CPU kernels repack the linear layers' weights and leave an empty tensor in their place: those are read
-back through the kernels themselves, a turn of their input columns each load (`kernel_columns`). `Readback.report`
-is the run's line on what is checked, and what cannot be.
+Each load must send every tensor of the start checkpoint, in its shape; CHECKED_PER_LOAD parameters a load, in turn,
+are read back and compared (`checksum`) with what they are made of (checkpoint_sources), and the weights vLLM's CPU
+kernels repack are read back through those kernels, a turn of their input columns a load (`kernel_columns`).
 """
 import os
 from dataclasses import dataclass
@@ -14,17 +12,13 @@ import torch
 
 CHECKED_PER_LOAD = 4          # parameters read back and compared after each weight load
 
-# vLLM's fused projections (the `packed_modules_mapping` of its Llama and Qwen models): at tensor parallel 1
-# each is its parts' checkpoint tensors concatenated along the output dimension (dim 0), in this order
+# vLLM's fused projections (`packed_modules_mapping`): at tensor parallel 1, their parts concatenated along dim 0
 FUSED_PARAMETERS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def checkpoint_sources(engine_name):
-    """(the checkpoint's tensor names an engine parameter is made of, how) at tensor parallel 1: a fused
-    projection (FUSED_PARAMETERS) is its parts concatenated along dim 0, so
-    'model.layers.0.self_attn.qkv_proj.weight' -> (['model.layers.0.self_attn.q_proj.weight',
-    'model.layers.0.self_attn.k_proj.weight', 'model.layers.0.self_attn.v_proj.weight'], 'concatenated');
-    any other parameter is the checkpoint's tensor of its own name: ([engine_name], 'as is')."""
+    """(the checkpoint's tensor names an engine parameter is made of, how) at tensor parallel 1: a fused projection's
+    parts (FUSED_PARAMETERS; qkv_proj: q_proj, k_proj, v_proj), 'concatenated'; else ([engine_name], 'as is')."""
     module, _, leaf = engine_name.rpartition(".")
     parent, _, last = module.rpartition(".")
     if last in FUSED_PARAMETERS:
@@ -33,8 +27,7 @@ def checkpoint_sources(engine_name):
 
 
 def composed_shape(engine_name, expected):
-    """The shape of what `engine_name` is made of (checkpoint_sources) given the checkpoint's {name: shape};
-    None when a part is not in the checkpoint or the parts do not concatenate."""
+    """The shape `engine_name`'s sources make, given the checkpoint's {name: shape}; None if they make none."""
     sources, _ = checkpoint_sources(engine_name)
     shapes = [expected.get(s) for s in sources]
     if any(s is None or len(s) == 0 for s in shapes) or len({s[1:] for s in shapes}) > 1:
@@ -44,12 +37,9 @@ def composed_shape(engine_name, expected):
 
 @dataclass
 class Readback:
-    """What VLLMEngine.load_weights can read back on this device: `checkable`, the engine's parameters held
-    as the checkpoint's tensors make them (checkpoint_sources) in the engine's dtype, in the order the loads
-    take them, CHECKED_PER_LOAD a load; `through_kernel`, {name: its input size} of the weights the engine's
-    kernels repack, read back through those kernels (`kernel_columns`), some of their columns every load;
-    `unreadable`, {name: how the engine holds it instead}, never compared; the bytes of the checkable ones as
-    the checkpoint makes them, and of all."""
+    """What VLLMEngine.load_weights can read back here: `checkable` parameters (held as their checkpoint tensors make
+    them, in the engine's dtype) in the order the loads check them; `through_kernel` {name: input size}, read through
+    kernels; `unreadable` {name: how held}, never compared; the bytes of the checkable ones and of all."""
     checkable: list
     through_kernel: dict
     unreadable: dict
@@ -59,19 +49,16 @@ class Readback:
 
     @property
     def loads_to_check_all(self):
-        """N: within the first N loads, and within any N loads in a row, every checkable parameter is read
-        back once, and every column of each weight read through its kernel."""
+        """N: any N loads in a row read back every checkable parameter and every kernel column once."""
         return max(1, -(-len(self.checkable) // CHECKED_PER_LOAD))
 
     def columns(self, load):
-        """{name: (its input size, the input columns load number `load` reads back through its kernel)}."""
+        """{name: (its input size, the columns load number `load` reads back through its kernel)}."""
         n = self.loads_to_check_all
         return {name: (inputs, kernel_columns(inputs, load, n)) for name, inputs in self.through_kernel.items()}
 
     def report(self):
-        """One line: how many of the engine's parameters, and what share of the model's bytes, are read back
-        here as they are, how many through their kernel, and which are not read back (layer numbers replaced by
-        *, with their count and how the engine holds them)."""
+        """One line: what is read back as it is, through kernels, and not at all (layer numbers as *, with how held)."""
         import re
         groups = {}
         for name, how in sorted(self.unreadable.items()):
@@ -90,14 +77,9 @@ class Readback:
 
 
 def readback_plan(expected, layouts, dtype, kernel_verdicts):
-    """The Readback of an engine whose parameters are `layouts` ({name: (shape, dtype name)}, as
-    _parameter_layouts reads them), for the checkpoint's {name: shape} `expected`, in `dtype` (the torch dtype
-    the engine was asked for). A parameter is checkable when the engine holds it in the shape its checkpoint
-    tensors make (composed_shape) and in `dtype`. Otherwise (vLLM's CPU kernels, for one, repack linear
-    weights and leave an empty tensor in the parameter's place) it is read through its kernel when
-    `kernel_verdicts` ({name: None, or why its kernel does not give its columns back}: VLLMEngine.kernel_verdicts)
-    says its kernel gives back its columns, and unreadable, with how it is held (and why not through its kernel),
-    when not."""
+    """The Readback for parameter `layouts` ({name: (shape, dtype name)}), checkpoint shapes `expected` and torch
+    `dtype`. A parameter held as its checkpoint tensors make it (composed_shape), in `dtype`, is checkable; else read
+    through its kernel where `kernel_verdicts` (WeightCheck.kernel_verdicts) says None; else unreadable."""
     checkable, through_kernel, unreadable, readable_bytes, total_bytes = [], {}, {}, 0, 0
     for name, (shape, dtype_name) in sorted(layouts.items()):
         shape, composed = tuple(shape), composed_shape(name, expected)
@@ -120,23 +102,20 @@ def readback_plan(expected, layouts, dtype, kernel_verdicts):
 
 
 def kernel_candidates(readback, expected):
-    """The unreadable parameters that a layer's kernel might give back: 2-D weights (output x input) made of
-    the checkpoint's tensors, {name: their input size}."""
+    """{name: input size} of the unreadable 2-D weights made of checkpoint tensors: a kernel might give them back."""
     shapes = {name: composed_shape(name, expected) for name in readback.unreadable if name.endswith(".weight")}
     return {name: shape[1] for name, shape in shapes.items() if shape is not None and len(shape) == 2}
 
 
 def kernel_columns(inputs, load, loads):
-    """The input columns (of `inputs`) that load number `load` reads back through a kernel: the load's turn of
-    `loads` blocks of ceil(inputs / loads) columns, the last wrapping round to column 0, so that any `loads`
-    loads in a row read every column."""
+    """The input columns load number `load` reads through a kernel: its turn of `loads` blocks of ceil(inputs / loads),
+    wrapping round to column 0, so any `loads` loads in a row read every column."""
     width = -(-inputs // loads)
     return [(load % loads * width + k) % inputs for k in range(width)]
 
 
 def same_bits(engine, sent):
-    """Whether the columns read through a kernel equal, bit for bit, the columns sent (`sent`: None when nothing
-    was sent for them), once both are `comparable`."""
+    """Whether kernel-read columns equal, bit for bit once `comparable`, those `sent` (None: not sent)."""
     if engine is None or sent is None or engine.shape != sent.shape or engine.dtype != sent.dtype:
         return False
     integer = INTEGER_OF_WIDTH[sent.element_size()]
@@ -144,19 +123,15 @@ def same_bits(engine, sent):
 
 
 def comparable(columns):
-    """The columns with -0.0 and subnormal values made 0.0, on both sides of the comparison. Read through a
-    kernel, the weight w at (i, j) comes back as the dot product of row i with the unit vector e_j: w plus the
-    row's other weights times 0, each +0.0 or -0.0, so that a -0.0 weight may come back as 0.0; and a kernel may
-    flush subnormals to 0.0. Any other finite weight comes back exactly, one non-zero term per sum (measured in
-    float32 and bfloat16 on vLLM 0.32's oneDNN kernels); a non-finite one makes its whole row NaN."""
+    """The columns with -0.0 and subnormals made 0.0: through a kernel, w[i, j] comes back as row i times e_j, w plus
+    the row's other weights times ±0.0, so -0.0 may come back 0.0, and a kernel may flush subnormals. Other finite
+    weights come back exactly (float32 and bfloat16, vLLM 0.32's oneDNN kernels); a non-finite one makes its row NaN."""
     return torch.where(columns.abs() < torch.finfo(columns.dtype).tiny, torch.zeros_like(columns), columns)
 
 
 class Sent:
-    """What a load sends, taken as it streams through (`watch`): each tensor's shape; the `checksum` of each
-    parameter in `summed`, and the columns of each in `columns` ({name: (input size, column indices)}), of what
-    the checkpoint's tensors make it (checkpoint_sources) in `dtype`. Of the tensors, only the parts of a fused
-    parameter are kept, until its last part came, and the columns."""
+    """What a load sends, taken as it streams through (`watch`): each tensor's shape, the `checksum` of each of
+    `summed`, and the `columns` ({name: (input size, indices)}), as the checkpoint's tensors make them in `dtype`."""
     def __init__(self, summed, columns, dtype):
         self.summed, self.wanted, self.dtype = set(summed), columns, dtype
         self.shapes, self.sums, self.columns, self.held = {}, {}, {}, {}
@@ -173,8 +148,7 @@ class Sent:
             yield name, tensor
 
     def take(self, param, place, tensor):
-        """Keep what `param` needs of its source number `place`; once every source came, its checksum or its
-        columns, the parts concatenated along dim 0."""
+        """Keep part `place` of `param`; once all came, concatenated along dim 0, its checksum or its columns."""
         sources = len(checkpoint_sources(param)[0])
         tensor = tensor.detach()
         part = tensor.to(self.dtype, copy=sources > 1) if param in self.summed else \
@@ -191,14 +165,7 @@ class Sent:
 
 
 class WeightCheck:
-    """The check of every weight load into a vLLM engine `llm` (its `collective_rpc`), against the start checkpoint
-    in `model_dir`, in `dtype`. At the start: which parameters can be read back (`readback_plan`), and of the weights
-    the engine's kernels repack, whether their kernel gives back the checkpoint's columns (`kernel_verdicts`). At
-    each load (`sending`, then `after_load`): every tensor of the start checkpoint sent, in its shape; CHECKED_PER_LOAD
-    of the checkable parameters, the next few in turn, equal bit for bit (`checksum`) to what they are made of
-    (checkpoint_sources: a fused qkv_proj the q, k and v tensors sent, concatenated); and every weight read through its
-    kernel, the load's turn of its input columns (Readback.columns), equal bit for bit (`same_bits`) to those columns
-    of what it is made of. Only what is compared is kept of the tensors sent (`Sent`)."""
+    """The check of each load into vLLM `llm` (module docstring) against the start checkpoint `model_dir` in `dtype`."""
     def __init__(self, llm, model_dir, dtype):
         self.llm, self.dtype, self.loads = llm, dtype, 0
         self.expected = checkpoint_shapes(model_dir)     # what every load must send: the start checkpoint's tensors
@@ -208,10 +175,8 @@ class WeightCheck:
         self.checkable = self.readback.checkable
 
     def kernel_verdicts(self, model_dir, readback):
-        """The columns the first load will read of each weight the engine's kernels repack (`kernel_candidates` of the
-        first `readback`, which reads none through a kernel), read through its layer's kernel, must equal the start
-        checkpoint's: {name: None where they do, or why not}; a parameter whose layer has no kernel to apply is left
-        out (unreadable, as it is held)."""
+        """{name: None, or why not}: whether each weight the kernels repack (`kernel_candidates`) gives back the start
+        checkpoint's columns through its kernel; one whose layer has no kernel is left out."""
         columns = {name: (inputs, kernel_columns(inputs, 0, readback.loads_to_check_all))
                    for name, inputs in kernel_candidates(readback, self.expected).items()}
         if not columns:
@@ -259,9 +224,7 @@ def checkpoint_shapes(model_dir):
 
 
 def checkpoint_columns(model_dir, columns, dtype):
-    """{engine parameter: its columns as the checkpoint in model_dir makes it (checkpoint_sources), in `dtype`},
-    for `columns` {name: (input size, column indices)}: each part's columns up to the last one wanted, read
-    from its safetensors file, then picked and concatenated along dim 0."""
+    """{engine parameter: its `columns` as model_dir's checkpoint makes them, in `dtype`}, from its safetensors."""
     import glob
     from safetensors import safe_open
     wanted = {source: indices for name, (_, indices) in columns.items() for source in checkpoint_sources(name)[0]}
@@ -277,9 +240,8 @@ INTEGER_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int
 
 
 def checksum(tensor, chunk=2**22):
-    """An exact fingerprint of a tensor's bits: the sum of each element's bit pattern times a weight that
-    depends on its place (so a permutation changes it), in wrapping 64-bit integer arithmetic, whose sums do
-    not depend on the order they are taken in. Computed in chunks on the tensor's device."""
+    """An exact fingerprint of a tensor's bits: the sum of each element's bit pattern times a weight of its place (a
+    permutation changes it), in wrapping int64, which no summation order changes. In chunks, on the tensor's device."""
     flat = tensor.detach().contiguous().view(-1)
     bits = flat.view(INTEGER_OF_WIDTH[flat.element_size()])
     total = torch.zeros((), dtype=torch.int64, device=flat.device)
@@ -303,10 +265,8 @@ def _parameter_layouts(worker):
 
 @torch.no_grad()
 def _kernel_columns(worker, columns, dtype):
-    """Runs in the vLLM worker: {name: the named weight's columns, [outputs, len(indices)] in `dtype`, read through
-    its layer's kernel} for `columns` {name: (input size, column indices)}: the layer's own product
-    (quant_method.apply, as its forward, without the bias) of the unit vectors e_j of those columns, whose
-    results are the columns W e_j (`comparable` says how exactly); None for a parameter whose layer has none."""
+    """Runs in the vLLM worker: {name: its `columns` [outputs, len(indices)] in `dtype`}, the layer's product
+    (quant_method.apply, no bias) with the unit vectors e_j; None where the layer has no quant_method."""
     model, out = worker.model_runner.get_model(), {}
     for name, (inputs, indices) in columns.items():
         layer = model.get_submodule(name.rpartition(".")[0])

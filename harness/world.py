@@ -1,32 +1,14 @@
-"""The classroom world: a tiny, self-contained stand-in for "an LLM learning math reasoning".
+"""The classroom world: a tiny, self-contained stand-in for "an LLM learning math reasoning", built in code on any CPU.
 
-Everything a Co-rewarding run needs, built in code, on any CPU, in minutes:
-
-1. Problems. Two-step arithmetic word problems in five shapes (a*b+c, a*b-c, a+b-c,
-   (a+b)*c, (a-b)*c). Each problem has two views: the original and a rephrasing that keeps
-   the numbers, the operations and the answer but changes the wording, the sentence order
-   and the real-world scenario, which is what the paper asks of its rephrasing model. Each
-   view also carries a distractor sentence with its own irrelevant number; half of these are
-   traps that the base model often copies (DISTRACTORS), so that, as the paper assumes of
-   real models, some of its mistakes are tied to one wording.
-   Problems are split by their mathematics (shape and numbers) into three disjoint sets:
-   `warmup` (the supervised warm-up's data), `train` (the RL prompts) and `test` (held out).
-2. Responses look like real ones: worked steps, then the final answer in \\boxed{}.
-       "4 * 7 = 28 . 28 + 5 = 33 . The answer is \\boxed{33} ."
-3. A tokenizer built in code: GPT-2 style byte-level pre-tokenisation with a word-level
-   vocabulary over everything the world can say, saved in Hugging Face format so that
-   transformers and vLLM both load it.
-4. A tiny Qwen3 (4 layers, width 128, head_dim 32 since vLLM's CPU attention rejects 16).
-5. A base model: a short supervised warm-up on worked solutions of the `warmup` problems,
-   deliberately imperfect. It is stopped early (it has not learnt all of the arithmetic) and
-   trained with label smoothing (it keeps a little probability on every token), so that at
-   temperature 1.0 it often slips: one sample is right far less often than the majority of 8,
-   which is exactly the situation where label-free rewards carry signal. It is deterministic
-   from this file and shipped in `classroom/base/`; `OMP_NUM_THREADS=1 python world.py` rebuilds
-   it bit for bit (other thread counts may change the last bits of the sums).
-
-The classroom prompt is plain text ("Question: ...\\nAnswer:"), as for a base model; the
-paper's system prompt is left out here because this tokenizer has no words for it.
+1. Problems: two-step arithmetic word problems (SHAPES) in two views, the original and a rephrasing with the same
+   numbers, operations and answer but new wording, sentence order and scenario, as the paper asks of rephrasings.
+   Each view holds a distractor; half are traps the base model often copies (DISTRACTORS), so some of its mistakes
+   are tied to one wording, as the paper assumes of real models. Split by mathematics into `warmup` (the warm-up's
+   data), `train` (RL prompts) and `test` (held out). Responses: worked steps, then \\boxed{answer}.
+2. A word-level tokenizer over all the world can say, in Hugging Face format (transformers and vLLM load it).
+3. A tiny Qwen3 (4 layers, width 128, head_dim 32 since vLLM's CPU attention rejects 16).
+4. The base model (`classroom/base/`): a short warm-up on `warmup` problems, stopped early and label-smoothed so that
+   at temperature 1.0 one sample is right far less often than a majority of 8, which label-free rewards need.
 """
 import argparse
 import functools
@@ -42,8 +24,7 @@ BASE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 PROMPT_FORMAT = "Question: {question}\nAnswer:"
 EOS = "<|endoftext|>"
 
-# --------------------------------------------------------------------------------------------
-# 1. Problems
+# -------------------------------------------------------------------------------------------- 1. Problems
 
 # A scenario is who acts, the containers and the things counted.
 SCENARIOS = [
@@ -53,8 +34,7 @@ SCENARIOS = [
     ("Ivy", "vases", "roses"), ("Kai", "cartons", "bottles"), ("Lily", "tins", "buttons"),
 ]
 
-# Templates per shape: {n} name, {c1} containers, {it} items; a, b, c the numbers.
-# Several wordings per shape, with the numbers in different orders.
+# Several wordings per shape, the numbers in different orders: {n} name, {c1} containers, {it} items; a, b, c numbers.
 TEMPLATES = {
     "mul_add": [
         "{n} has {a} {c1} with {b} {it} in each . {n} also has {c} loose {it} . How many {it} does {n} have in all ?",
@@ -105,10 +85,7 @@ def worked_solution(shape, a, b, c):
     return f" {a} {op1} {b} = {m} . {m} {op2} {c} = {answer} . The answer is \\boxed{{{answer}}} .", answer
 
 
-# A distractor: one sentence per view with a number the question does not need, each view its
-# own number. Half are harmless; a trap is worded like a fact of the problem, and the warm-up's
-# sloppy solutions (section 4) often copy its number in place of the last operand, so the base
-# model inherits a mistake tied to the wording of one view.
+# (distractor, is a trap): a trap reads as a fact of the problem, and sloppy warm-up solutions copy its number for c.
 DISTRACTORS = [
     ("{n} is {d} years old .", False),
     ("The shop is {d} minutes away .", False),
@@ -141,8 +118,7 @@ def all_maths():
 
 
 def distractor_numbers(shape, a, b, c):
-    """Numbers a distractor may carry: not c, and small enough that copying it for c still gives
-    a non-negative answer."""
+    """Numbers a distractor may carry: not c, and small enough that copying it for c keeps the answer non-negative."""
     m = OPS[SHAPES[shape][0]](a, b)
     return [d for d in range(1, 13) if d != c and (SHAPES[shape][1] != "-" or d < m)]
 
@@ -167,8 +143,7 @@ SPLIT_SIZES = {"test": 200, "train": 1500, "warmup": None}   # None: all that is
 
 
 def make_split(split, world_seed=0):
-    """The problems of one split. Splits are disjoint in their mathematics, fixed by `world_seed` (the world's, not a
-    run's --seed)."""
+    """The problems of one split; splits are disjoint in mathematics, fixed by `world_seed` (not a run's --seed)."""
     maths = all_maths()
     random.Random(world_seed).shuffle(maths)
     start = 0
@@ -182,17 +157,16 @@ def make_split(split, world_seed=0):
 
 
 def format_prompt(question):
+    """Plain text, as for a base model: the world's tokenizer has no words for the paper's system prompt."""
     return PROMPT_FORMAT.format(question=question)
 
 
 def plain_english(text):
-    """A question as a person writes it, for a real model's tokenizer: the world's texts set every
-    punctuation mark apart by a space (`in each . How many ?`), its own tokenizer's words."""
+    """A question as a person writes it, for a real model: `in each . How many ?` -> `in each. How many?`."""
     return re.sub(r" ([.,?])", r"\1", text)
 
 
-# --------------------------------------------------------------------------------------------
-# 2. Tokenizer
+# -------------------------------------------------------------------------------------------- 2. Tokenizer
 
 def corpus():
     """Every piece of text the world can produce."""
@@ -211,8 +185,7 @@ def _shipped_vocabulary():
 
 
 def is_classroom_tokenizer(tokenizer):
-    """The world's own tokenizer (that of the shipped base model and of every model trained from it): no chat
-    template, and the word-level vocabulary of build_tokenizer. It reads the world's prompt format and little else."""
+    """The world's own tokenizer (the base model's and its descendants'): no chat template, build_tokenizer's words."""
     return not getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "get_vocab") and \
         tokenizer.get_vocab() == _shipped_vocabulary()
 
@@ -234,8 +207,7 @@ def build_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, unk_token="<unk>")
 
 
-# --------------------------------------------------------------------------------------------
-# 3. Model
+# -------------------------------------------------------------------------------------------- 3. Model
 
 def model_config(vocab_size):
     from transformers import Qwen3Config
@@ -246,8 +218,7 @@ def model_config(vocab_size):
         eos_token_id=0, pad_token_id=0, bos_token_id=0, torch_dtype="float32")
 
 
-# --------------------------------------------------------------------------------------------
-# 4. The base model: a short supervised warm-up
+# ---------------------------------------------------------------------- 4. The base model: a short supervised warm-up
 
 WARMUP = dict(steps=600, batch=64, lr=2e-3, label_smoothing=0.03, seed=0, trap_copy=0.7)
 
@@ -276,8 +247,7 @@ def padded(seqs, masks, pad_id):
 
 
 def response_loss(model, ids, mask, label_smoothing=0.0):
-    """The warm-up's loss: the negative log-likelihood of each next token, averaged over the tokens that
-    mask marks (the responses')."""
+    """The warm-up's loss: the next-token negative log-likelihood, averaged over the tokens mask marks (responses)."""
     logits = model(ids).logits[:, :-1]                                   # [B, T-1, V]
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none",
                                             label_smoothing=label_smoothing)
@@ -285,7 +255,7 @@ def response_loss(model, ids, mask, label_smoothing=0.0):
 
 
 def build_base_model(out_dir=BASE_DIR, steps=WARMUP["steps"], seed=WARMUP["seed"]):
-    """Train the base model from scratch (deterministic) and save it with its tokenizer."""
+    """Train the base model from scratch and save it with its tokenizer; the same bit for bit with OMP_NUM_THREADS=1."""
     from transformers import Qwen3ForCausalLM
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
