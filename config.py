@@ -131,9 +131,8 @@ def vllm_installed():
 
 
 def choose_backend(requested):
-    """(the rollout engine a run samples with, why): `--backend auto` takes vLLM where it is installed and
-    transformers' generate (hf) elsewhere; an explicit `--backend vllm` where vLLM is not installed is
-    refused. A run records the engine it took (config.json), so that its resume samples with the same one."""
+    """(the rollout engine a run samples with, why): auto takes vLLM where it is installed, else transformers'
+    generate (hf). A run records the engine it took (config.json), and its resume samples with it."""
     if requested == "auto":
         return ("vllm", "auto: vLLM is installed") if vllm_installed() else \
             ("hf", "auto: vLLM is not installed")
@@ -144,8 +143,7 @@ def choose_backend(requested):
 
 
 def values_of(name):
-    """' [classroom: 60; official: none; coreward2: 0.001]': flag `name`'s value in each preset and in each
-    method that sets it; '' for a flag that none of them sets."""
+    """' [classroom: 60; official: none; coreward2: 0.001]': flag `name`'s value in each preset and method."""
     presets = list(PRESETS.items())
     if not any(name in values for _, values in presets):
         return ""
@@ -294,8 +292,7 @@ def build_parser(argument_default=None, description=None):
 
 
 def parse_args(argv=None, description=None):
-    """The run's settings: the flags given (their names in `args.given`), then the method's values, then the
-    preset's."""
+    """The run's settings: the flags given (their names in `args.given`), the method's values, the preset's."""
     ap = build_parser(description=description)
     args = ap.parse_args(argv)
     if args.method is None and args.resume is None:
@@ -475,8 +472,8 @@ def check_settings(args, world_size):
 
 
 def settings(args):
-    """(settings, the checkpoint to resume or None): the parsed flags (parse_args), resolved or taken from the
-    checkpoint (resume_settings), and checked for the world train.py was started in."""
+    """(settings, the checkpoint to resume or None): the parsed flags, or the checkpoint's (resume_settings), checked
+    for the world train.py was started in."""
     resume = None
     if args.resume is not None:
         args, resume = resume_settings(args)
@@ -497,8 +494,8 @@ ENGINE_NAMES = {"vllm": "vLLM", "hf": "transformers' generate"}
 
 
 def summary(args, disk, config_path):
-    """The run's first line: what it trains, how, and where every setting is; `disk` (one checkpoint's bytes, the most
-    the folder holds: checkpoint.disk_bytes). It names each setting of the loss family that differs from its preset's."""
+    """The run's first line: what it trains and how (each setting of the loss family off its preset's named), the
+    disk it takes (`disk`: checkpoint.disk_bytes) and where every setting is."""
     views = "2 views" if args.views == "both" else "1 view"
     evaluation = f"greedy and avg@{args.eval_k}" if args.eval_k else "greedy"
     changed = "" if args.rollout_correction == "none" else \
@@ -515,8 +512,7 @@ def summary(args, disk, config_path):
 
 
 def preset_table():
-    """PRESET_TABLE as markdown, one row a setting and a column a preset (RECIPE.md shows it; tests/test_readme.py
-    checks that it shows this)."""
+    """PRESET_TABLE as markdown, one row a setting and a column a preset, as RECIPE.md shows it."""
     shown = lambda v: "–" if v is None else f"`{v}`"
     return "\n".join([f"| setting | {' | '.join(PRESET_NAMES)} |", "|---" * (len(PRESET_NAMES) + 1) + "|"] +
                      [f"| `--{name}` | " + " | ".join(shown(v) for v in values) + " |" for name, *values in PRESET_TABLE])

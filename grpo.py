@@ -24,13 +24,10 @@ correction (ROLLOUT_CORRECTION_TABLE) and the entropy bonus within each token's 
 aggregated by LOSS_AGG_TABLE, which states every normaliser. Each table's notes sit beside it, with the paper
 and the TRL and verl settings of each row. A row's function names what it uses; `call` hands it just that.
 
-π_old is the policy that sampled the batch; its log-probs are recomputed by the trainer rather than taken from the
-sampler, so that sampler/trainer numerical gaps never enter the ratio: with one update a step it is the update's
-own forward, detached (ρ = 1), with several (--mini_batches) a no-grad pass before the first, so that later
-updates clip. The sampler's own log-probs are compared with them (the sampler gap: a check of the weight sync).
-A step's batch is split into mini-batches (optimizer updates) and those into micro-batches (for memory), by count
-or by a budget of padded tokens, each padded only to its own longest row. Log-probs come from logprobs.py, never
-a [B, T, V] tensor; processes and sharding from sharding.py.
+π_old's log-probs are the trainer's, not the sampler's, so that their numerical gap never enters the ratio: with
+one update a step, the update's own forward, detached (ρ = 1); with several (--mini_batches), a no-grad pass before
+the first, so that later updates clip. A step's batch splits into mini-batches (updates) and those into micro-batches
+(for memory), by count or by a budget of padded tokens. Log-probs come from harness/logprobs.py, never [B, T, V].
 """
 import inspect
 import math
@@ -356,9 +353,8 @@ def grpo_loss(logp, old_logp, ref_logp, entropy, part, n, correction, cfg):
 
 
 def loss_normalizers_over_ranks(weight, view, world_size, max_response_len):
-    """Normalizers of a mini-batch (one all-reduce): each view's weight over its response tokens, every token's, and
-    the sequences with any weight, in the global mini-batch, / world_size; W for a sum of 0.
-    weight [B, T-1] (the mask times the loss weights) and view [B] of this rank's rows of the mini-batch."""
+    """Normalizers of a mini-batch, one all-reduce of this rank's weight [B, T-1] (the mask times the loss weights)
+    by view [B]: each view's, every token's, and the sequences with any weight, / world_size; W for a sum of 0."""
     n = torch.zeros(VIEWS + 2, device=weight.device)
     n[:VIEWS].index_add_(0, view, weight.sum(-1))
     n[VIEWS], n[VIEWS + 1] = weight.sum(), (weight.sum(-1) > 0).sum()
@@ -552,9 +548,8 @@ def stop_if_non_finite(nonfinite, norm, update, updates):
 
 
 def tally(stats, part, n, cfg, **values):
-    """Add a micro-batch's sums to the step's `stats`: token sums over the masked positions, and the loss and its
-    parts as this rank's share of each update's loss, whole and for each view (stats["views"][v]: the rows of that
-    view alone, under the same aggregation, so that the views' parts add up to the whole)."""
+    """Add a micro-batch's sums to the step's `stats`: token sums, and the loss and its parts as this rank's share of
+    each update's loss, whole and per view (stats["views"][v], under the same aggregation: the parts add up)."""
     mask, weight = part.mask, part.mask * part.weight
     add = lambda where, key, value: where.__setitem__(key, where.get(key, 0.0) + value.sum().item())
     for key, value in {"tokens": mask.sum(), "kl_sum": values["kl"] * mask, "entropy_sum": values["entropy"] * mask,

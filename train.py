@@ -16,15 +16,13 @@ One step (`training_step`):
 5. move the teacher towards the policy (EMA), and load the updated weights into the engine.
 
 `main` sets up and runs the loop (`train`): a step, its record, an evaluation every --eval_every steps, a
-checkpoint every --save_every. Settings are config.py's; the run's folder, logs, checkpoints, restarts and
-signals are the harness's (harness/README.md). A NaN or infinite loss, gradient norm or sampler gap stops the run
-before the optimizer step: nothing non-finite reaches the weights or a saved model.
+checkpoint every --save_every. Settings are config.py's; the run's folder, checkpoints, restarts and signals are
+the harness's (harness/README.md). Nothing non-finite reaches the weights: the run stops before the update.
 
 The step's collectives, in order (every rank reaches each, or the ranks wait for ever):
 - the teacher methods: the teacher's weights into the engine (`sync_engine_weights`: an all-gather per parameter,
   then an all-reduce of the engines' verdicts);
-- the answer-free methods: the responses' scores (`score_responses`: a MAX all-reduce of the count of passes in
-  `micro_batches_for_all_ranks`, then FSDP's all-gathers in each forward);
+- the answer-free methods: the responses' scores (`score_responses`: a MAX all-reduce of the passes, FSDP's gathers);
 - `--advantage_std batch`: the step's rewards' count, sum and sum of squares (`batch_std`, an all-reduce);
 - `train_step`: the reference's log-probs (as the scores), then for each update the normalisers
   (`loss_normalizers_over_ranks`, an all-reduce), the count of passes, FSDP's all-gathers and reduce-scatters,
@@ -160,9 +158,8 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
 
 
 def teacher_answers_of(args, models, prompts, seeds, ids, views):
-    """The teacher methods' answers [groups][G] (None for the others), from training_step's prompts, seeds and ids of
-    the views asked for. The engine now serves the teacher, until the updated policy is loaded after the step;
-    coreward2_rephrased's teacher answers the rephrasings of the policy's questions."""
+    """The teacher methods' answers [groups][G] (None for the others), to training_step's prompts of the views asked
+    for (coreward2_rephrased's: the rephrasings). The engine serves the teacher until the step's sync."""
     if models.teacher is None:
         return None
     which = (1,) if args.teacher_prompts == "rephrased" else views
@@ -173,9 +170,8 @@ def teacher_answers_of(args, models, prompts, seeds, ids, views):
 
 
 def check_groups(groups, prompt_ids, ids, group_size, who):
-    """Each group holds `group_size` responses to the prompt asked of it, in the order asked: a group out of place
-    would be labelled by another question's vote (rewards.twin pairs groups by place). ids: each prompt's (question
-    index, view), named in the message. Raises GroupOrderError, whatever python's -O."""
+    """Each group holds `group_size` responses to its prompt, in the order asked: a group out of place would be
+    labelled by another question's vote (rewards.twin pairs groups by place). ids: each prompt's (question, view)."""
     if len(groups) != len(prompt_ids):
         raise GroupOrderError(f"{who}: the rollout engine returned {len(groups)} groups for {len(prompt_ids)} prompts")
     for group, prompt, (index, view) in zip(groups, prompt_ids, ids):
@@ -188,9 +184,8 @@ def check_groups(groups, prompt_ids, ids, group_size, who):
 
 
 def training_questions(args, encode, rank):
-    """(pairs, a line for run.log or None): the training questions (data.Pair), those whose prompts fit
-    --max_prompt_len; with --views original and a teacher on the same prompts, without their rephrasings; with
-    --rephrase_noise, a share of them with another's rephrasing (the line says how many)."""
+    """(pairs, a line for run.log or None): the training questions (data.Pair) whose prompts fit --max_prompt_len,
+    without rephrasings where none is sampled; with --rephrase_noise, a share with another's (the line says how many)."""
     rephrasings = "both" if args.views == "both" or args.teacher_prompts == "rephrased" else "original"
     pairs, test_time_training = (data.classroom_pairs("train"), False) if args.data == "classroom" else \
         data.load_training(args.data, rephrasings)
@@ -258,9 +253,9 @@ def evaluate(step, engine, eval_set, args, device, log, rank, tokenizer):
 
 
 def read_inputs(args, resume_from, rank, world_size):
-    """Every input of the run, read and checked (before --overwrite deletes an earlier run): the model folder,
-    its tokenizer, the prompt encoder, the training questions, their fingerprints (checked against a resumed
-    checkpoint's) and the evaluation set. Sets --steps from --epochs."""
+    """Every input of the run, read and checked before --overwrite deletes an earlier run: the model folder, its
+    tokenizer, the prompt encoder, the training questions, their fingerprints (checked against a resumed checkpoint's)
+    and the evaluation set. Sets --steps from --epochs."""
     from harness import world
     from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging

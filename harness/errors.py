@@ -1,14 +1,12 @@
-"""Errors and exit codes: how a run stops, in one line and with one status.
+"""Errors and exit codes: how a run stops, in one line and with one status. train.py and eval.py run under
+`exit_on_usage_error`, which prints the message alone, without a traceback, from the first rank.
 
-    2   a UsageError: a mistake in what was asked for, found before anything ran, or a stop the user can act
+    2   USAGE: a UsageError, a mistake in what was asked for, found before anything ran, or a stop the user can act
         on (a damaged checkpoint, a full disk). The message says what to do.
-    3   a GuardStop: a guard stopped every rank together (a failed weight sync, the sampler gap past its
-        ceiling, a non-finite value, groups out of order). The message says what happened and the likely cause.
-    75  STOPPED: a signal asked the run to stop, and it wrote a checkpoint first (EX_TEMPFAIL, "try again"):
-        torchrun restarts a worker that exits with it, a Slurm script requeues.
-
-train.py and eval.py run under `exit_on_usage_error`, which prints the message of either kind alone, without a
-traceback, from the first rank.
+    3   GUARD_STOP: a guard stopped every rank together (a failed weight sync, the sampler gap past its ceiling, a
+        non-finite value, groups out of order). The message says what happened and the likely cause.
+    75  STOPPED: a signal asked the run to stop, and it wrote a checkpoint first (EX_TEMPFAIL): torchrun restarts
+        a worker that exits with it, a Slurm script requeues.
 """
 import os
 import sys

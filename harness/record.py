@@ -1,25 +1,16 @@
 """A step's record: the line of metrics.jsonl train.py writes after each step (METRICS.md says what each metric means).
 
-One row of RECORD a metric: its name, how every rank's part of it comes together (its kind), and this rank's part,
-a function of what the step saw and did (`Step`). The kinds:
-
-    Mean(count)      the parts' sum over ranks over the sum of a count (COUNTS), in one all-reduce of float64 with
-                     every other Mean and Total; a part that is None (a label-free method's label share) makes the
-                     metric None. Mean(count, view=v) divides by the count of view v, and is left out of the record
-                     when no rank sampled that view.
-    Total()          the parts' sum over ranks.
-    Gathered(then)   every rank's list of parts, joined (all_gather_object), then `then` of it.
-    Same()           rank 0's own value: the same on every rank (the gradient norm, after clip_grad_norm_'s
-                     all-reduce), or rank 0's (the learning rate).
-
-A new metric is one row. For example, `overlong_penalty` (--overlong soft) is
+One row of RECORD a metric: its name, its kind (how every rank's part comes together), and this rank's part, a
+function of what the step saw and did (`Step`). Mean(count): the parts' sum over ranks over the sum of a count
+(COUNTS; with view=v, of view v's, and left out where no rank sampled it), None where a part is None (a label-free
+method's label share). Total: the sum over ranks. Gathered(then): every rank's parts, joined, then `then` of them.
+Same: rank 0's own value (the gradient norm, the same on every rank; the learning rate). Means and Totals go in one
+all-reduce of float64. A new metric is one row, e.g. the mean of --overlong soft's penalty over the responses:
 
     ("overlong_penalty", Mean("responses"), lambda s: (s.shaped - s.rewards).sum().item()),
 
-the mean of the penalty over the step's responses, 0 without the soft shaping. Per view (the original questions,
-their rephrasings), as the official Co-rewarding-III logs them: the share of groups with a label, the label's
-accuracy, the mean reward, and the view's parts of the loss and its clip fraction. A one-view method logs the
-original's only.
+Per view (the original questions, their rephrasings), as the official Co-rewarding-III logs them: the share of
+groups with a label, the label's accuracy, the mean reward, and the view's parts of the loss and its clip fraction.
 """
 import dataclasses
 import functools

@@ -1,11 +1,7 @@
-"""Restarts and resume. A run continues exactly: every sampled request is seeded by the run's seed, the step, the
-question and the view (rollout.py), and a checkpoint holds every random state the loop draws from.
-
-- `restore` loads a checkpoint into the models and the question order; what the run wrote after it is moved aside
-  (`prepare_resume`). `finished` says when a --resume has nothing left to do.
-- A launcher's restart (torchrun --max-restarts, a requeued Slurm job) of the run that holds --out continues it
-  from its newest checkpoint (`as_an_attempt`), decided on the parsed flags; its process groups take keys of
-  their own (`restart_store`).
+"""Restarts and resume. A run continues exactly: every request is seeded by the run's seed, the step, the question
+and the view (rollout.py), and a checkpoint holds every random state the loop draws from. `restore` loads one (what
+the run wrote after it is moved aside); a launcher's restart (torchrun --max-restarts, a requeued Slurm job) of the
+run that holds --out continues it from its newest checkpoint (`as_an_attempt`), with process-group keys of its own.
 """
 import os
 import shutil

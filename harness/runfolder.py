@@ -73,9 +73,8 @@ def locked(out, rank):
 
 
 def earlier_outputs(out, overwrite, rank):
-    """What an earlier run left in --out (RUN_OUTPUTS): refused unless given --overwrite, in which case
-    they are returned, for `remove_outputs` to delete once the run's inputs have passed their checks.
-    Rank 0 looks and every rank gets its answer, so that all ranks stop or go on together."""
+    """What an earlier run left in --out (RUN_OUTPUTS): refused without --overwrite, else returned for
+    `remove_outputs`. Rank 0 looks and broadcasts, so that all ranks stop or go on together."""
     found = [name for name in RUN_OUTPUTS if os.path.exists(os.path.join(out, name))] if rank == 0 else None
     box = [found]
     dist.broadcast_object_list(box, src=0)
@@ -117,9 +116,8 @@ def start_wandb(project, run_id, config):
 
 
 class MetricsLog:
-    """Appends JSON lines on rank 0, and sends each record to wandb (`NoWandb` without --wandb); a
-    stand-in that does nothing on the other ranks. A new run starts the file afresh; a resumed one
-    keeps the records up to its checkpoint's step."""
+    """Appends JSON lines on rank 0 and sends each record to wandb (`NoWandb` without --wandb); nothing on the other
+    ranks. A new run starts the file afresh; a resumed one keeps the records up to its checkpoint's step."""
     def __init__(self, path, active, resume_step=None, wandb_run=None):
         self.path, self.active, self.dropped = path, active, []
         self.wandb = wandb_run or NoWandb()
@@ -169,10 +167,9 @@ def write_config(out, configuration):
 
 
 def write_samples(out, step, examples, tokenizer):
-    """Append an evaluation's example responses (eval.eval_counts) to OUT/samples.jsonl, a line each:
-    the step, the question's place in the evaluation set, greedy or sample, the prompt and the response
-    as text, the extracted answer, the gold answer and the reward. Reading them is how a reward hack
-    shows before the numbers do."""
+    """Append an evaluation's example responses (eval.eval_counts) to OUT/samples.jsonl, a line each: the step, the
+    question, greedy or sample, the prompt, the response, its answer, the gold answer and the reward. Reading them is
+    how a reward hack shows before the numbers do."""
     if not examples:
         return
     with open(os.path.join(out, "samples.jsonl"), "a") as f:
