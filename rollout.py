@@ -156,7 +156,8 @@ def engine_arguments(model_dir, max_prompt_len, max_response_len, dtype, on_gpu,
 
 
 class VLLMEngine:
-    def __init__(self, model_dir, max_prompt_len, max_response_len, dtype, gpu_memory_utilization, cpu_kv_cache_gib):
+    def __init__(self, model_dir, max_prompt_len, max_response_len, dtype=CLASSROOM["dtype"],
+                 gpu_memory_utilization=CLASSROOM["gpu_memory_utilization"], cpu_kv_cache_gib=CLASSROOM["cpu_kv_cache_gib"]):
         quiet_vllm()
         from vllm import LLM
         self.max_prompt_len = max_prompt_len

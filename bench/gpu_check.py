@@ -208,7 +208,7 @@ def engine_checks(backend):
         runner, v2 = engine.llm.collective_rpc(_runner_of)[0]
         print(f"model runner: {runner} (Model Runner V2: {v2}; VLLM_USE_V2_MODEL_RUNNER "
               f"{os.environ.get('VLLM_USE_V2_MODEL_RUNNER', 'unset')})")
-        print(engine.readback.report())
+        print(engine.check.readback.report())
     greedy = lambda: [(s.token_ids, s.logprobs) for group in engine.generate(prompts, n=1, temperature=0.0,
                                                                              max_tokens=48) for s in group]
     before = greedy()

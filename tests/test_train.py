@@ -332,7 +332,7 @@ groups = [[sample(p)] * 2 for p in prompts]
 train.check_groups(groups, prompts, ids, 2, "the policy")
 try:
     train.check_groups(groups[:2] + groups[2:][::-1], prompts, ids, 2, "the policy")
-except errors.GroupOrderError as e:
+except train.GroupOrderError as e:
     print("stopped:", e)
 """
     out = subprocess.run([sys.executable, "-O", "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -920,8 +920,8 @@ def test_a_guards_stop_is_one_line_as_the_user_sees_it(tmp_path, guard):
     refuses) prints one line naming what happened, the cause and what to do, with no traceback, and exits with
     errors.GUARD_STOP."""
     patch, flags, line = GUARDS[guard]
-    code = "; ".join(["import sys", f"sys.path.insert(0, {ROOT!r})", *patch, "import config, train",
-                      "sys.exit(errors.exit_on_usage_error(train.main, 'train.py'))"])
+    code = "; ".join(["import sys", f"sys.path.insert(0, {ROOT!r})", *patch, "import train",
+                      "from harness import errors", "sys.exit(errors.exit_on_usage_error(train.main, 'train.py'))"])
     res = subprocess.run([sys.executable, "-c", code, "--method", "gt", *SHORT, "--backend", "hf", "--out",
                           str(tmp_path / "run"), *flags], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == errors.GUARD_STOP, res.stderr[-3000:]
