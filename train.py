@@ -5,8 +5,7 @@
     python train.py --ranks 8 --method coreward1 --model Qwen/Qwen3-4B-Base --data openrs
 
 One step (`training_step`):
-1. take P questions, each rank P / world_size of them; the two-view methods (coreward1, coreward3) take each
-   with its rephrasing q' (`--views both`); the others train on the originals, as the official scripts do;
+1. take P questions, each rank P / world_size; the two-view methods (coreward1, coreward3) with their rephrasings q';
 2. sample G responses to each question (and view) with the rollout engine (rollout.py);
 3. label each group and reward each response (rewards.py: a method is one row of METHOD_TABLE, saying who
    votes for a group's label, what the EMA teacher of teacher.py answers, the KL anchor and the reward);
@@ -20,8 +19,7 @@ checkpoint every --save_every. Settings are config.py's; the run's folder, check
 the harness's (harness/README.md). Nothing non-finite reaches the weights: the run stops before the update.
 
 The step's collectives, in order (every rank reaches each, or the ranks wait for ever):
-- the teacher methods: the teacher's weights into the engine (`sync_engine_weights`: an all-gather per parameter,
-  then an all-reduce of the engines' verdicts);
+- the teacher methods: the teacher's weights into the engine (`sync_engine_weights`: all-gathers, then a verdict);
 - the answer-free methods: the responses' scores (`score_responses`: a MAX all-reduce of the passes, FSDP's gathers);
 - `--advantage_std batch`: the step's rewards' count, sum and sum of squares (`batch_std`, an all-reduce);
 - `train_step`: the reference's log-probs (as the scores), then for each update the normalisers

@@ -19,8 +19,7 @@ USAGE_ERROR_WAIT_S = 10       # how long a rank other than 0 waits, after a stop
 
 
 class UsageError(Exception):
-    """A mistake in what was asked for, or a stop the user can act on. The subclasses keep the built-in types
-    callers test."""
+    """A mistake in what was asked for, or a stop the user can act on (subclasses keep the built-in types)."""
 
 
 class RefusedSetting(UsageError, ValueError):
@@ -44,13 +43,11 @@ class DamagedCheckpoint(UsageError):
 
 
 class OutOfDisk(UsageError):
-    """The disk of --out cannot hold the next save: the message names the disk, what the save needs and the newest
-    complete checkpoint, which is kept."""
+    """The disk of --out cannot hold the next save: the message names the disk, the need and the checkpoint kept."""
 
 
 class GuardStop(RuntimeError):
-    """A guard stopped the run, every rank together: its message says what happened, the likely cause and what
-    to do."""
+    """A guard stopped the run, every rank together: its message says what happened, why and what to do."""
 
 
 class WeightSyncError(GuardStop):

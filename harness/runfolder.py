@@ -14,17 +14,18 @@ import socket
 import sys
 import time
 
+from harness.errors import USAGE, FolderInUse
+
 try:
     import fcntl                        # the folder's locks (locked): POSIX file locks, shared and exclusive
 except ImportError:                     # native Windows: no fcntl, and no shared locks in msvcrt
     print(f"{os.path.basename(sys.argv[0]) or 'python'}: error: native Windows is not supported (a run's folder "
           f"is locked with POSIX file locks, which Windows lacks): run it in WSL, where the README's install and "
           f"commands work as on Linux", file=sys.stderr, flush=True)
-    sys.exit(2)
+    sys.exit(USAGE)
 
 import torch.distributed as dist
 
-from harness.errors import FolderInUse
 
 RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints", "run.log", "samples.jsonl")
 RUN_LOCK = ".run.lock"           # rank 0 holds it exclusively for the whole run; it names the holder
