@@ -819,7 +819,7 @@ def test_a_mistake_in_the_settings_is_one_line_and_status_2(tmp_path, launcher):
 
 
 def test_a_failed_rank_is_its_traceback_and_one_line(tmp_path):
-    """--ranks N (run.launch_ranks): a rank's failure shows as that rank's own traceback and one line naming it,
+    """--ranks N (launch.launch_ranks): a rank's failure shows as that rank's own traceback and one line naming it,
     not as torchrun's report and traceback; the launcher exits with status 1. A rank's status 2 adds nothing."""
     script = tmp_path / "fails.py"
     script.write_text("import os, sys\nrank = int(os.environ['RANK'])\n"
