@@ -31,14 +31,20 @@ FORMS = [[], ["--overwrite"], ["--overw"], ["--overwr"], ["--resume"], ["--resum
          ["--res=PATH"]]
 
 
-@pytest.mark.parametrize("words", FORMS, ids=lambda w: " ".join(w) or "plain")
-def test_a_restart_continues_from_the_newest_checkpoint_whatever_the_command_said(tmp_path, monkeypatch, words):
+def restart_of(tmp_path, monkeypatch, words, with_checkpoint):
+    """(the run's folder, the restart's parsed flags, as_an_attempt's line): restart 1 of 2 of the run that holds the
+    folder, its command the first attempt's `words` (PATH: a checkpoint of another run)."""
     for name, value in RESTART.items():
         monkeypatch.setenv(name, value)
-    out = folder_of_a_run(str(tmp_path / "run"), with_checkpoint=True)
+    out = folder_of_a_run(str(tmp_path / "run"), with_checkpoint)
     words = [w.replace("PATH", str(tmp_path / "elsewhere" / "checkpoints" / "step_1")) for w in words]
     args = config.parse_args(["--method", "gt", "--out", out, *words])
-    line = resume.as_an_attempt(args)
+    return out, args, resume.as_an_attempt(args)
+
+
+@pytest.mark.parametrize("words", FORMS, ids=lambda w: " ".join(w) or "plain")
+def test_a_restart_continues_from_the_newest_checkpoint_whatever_the_command_said(tmp_path, monkeypatch, words):
+    out, args, line = restart_of(tmp_path, monkeypatch, words, with_checkpoint=True)
     assert line == f"restart 1 of 2 of torchrun abc: continued from {os.path.join(out, 'checkpoints', 'step_2')}"
     settings, path = config.settings(args)          # not refused: --resume and --overwrite are no longer both there
     assert path == os.path.join(out, "checkpoints", "step_2") and settings.out == out and not settings.overwrite
@@ -46,13 +52,8 @@ def test_a_restart_continues_from_the_newest_checkpoint_whatever_the_command_sai
 
 @pytest.mark.parametrize("words", FORMS, ids=lambda w: " ".join(w) or "plain")
 def test_a_restart_before_the_first_checkpoint_starts_afresh_whatever_the_command_said(tmp_path, monkeypatch, words):
-    for name, value in RESTART.items():
-        monkeypatch.setenv(name, value)
-    out = folder_of_a_run(str(tmp_path / "run"), with_checkpoint=False)
-    words = [w.replace("PATH", str(tmp_path / "elsewhere" / "checkpoints" / "step_1")) for w in words]
-    args = config.parse_args(["--method", "gt", "--out", out, *words])
-    assert resume.as_an_attempt(args) == "restart 1 of 2 of torchrun abc: no complete checkpoint yet, so the run " \
-                                          "starts afresh"
+    _, args, line = restart_of(tmp_path, monkeypatch, words, with_checkpoint=False)
+    assert line == "restart 1 of 2 of torchrun abc: no complete checkpoint yet, so the run starts afresh"
     settings, path = config.settings(args)
     assert path is None and settings.overwrite and settings.resume is None
 

@@ -269,7 +269,6 @@ def test_a_load_that_misses_a_tensor_or_lands_wrong_is_reported(dist_world, tiny
     """VLLMEngine.load_weights says what is wrong: a tensor of the checkpoint not sent, or a parameter
     whose bits read back from the engine differ from what was sent; a whole, faithful load says nothing."""
     from transformers import AutoModelForCausalLM
-    import rollout
     engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=8)
     state = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     assert engine.load_weights(state.items()) is None

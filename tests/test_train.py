@@ -776,7 +776,6 @@ def _contents(out):
 def test_overwrite_with_a_mistake_in_the_inputs_deletes_nothing(finished_run, bad):
     """--overwrite removes the earlier run only once every input has been read and checked: a typo in
     --data, --model or --eval_data stops the run with a usage error and the earlier run is left whole."""
-    import config
     before = _contents(finished_run)
     run = run_in_process(finished_run, "gt", *SHORT, "--overwrite", *bad)
     assert isinstance(run.error, errors.UsageError), run.error
