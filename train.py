@@ -343,7 +343,10 @@ def train(args, resume_from, restart, inputs, rank, world_size, device):
     log = runfolder.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0,
                                resume_step=start if resume_from else None, wandb_run=wandb_run)
     if rank == 0:
-        for line in (restart and restart + resume.dropped_note(log.dropped), describe(args, models), noise):
+        path = runfolder.write_config(args.out, config.config_of(args))
+        summary = config.summary(args, checkpoint.disk_bytes(models, args), path)
+        for line in (restart and restart + resume.dropped_note(log.dropped), summary,
+                     models.engine.weight_check_report(), noise):
             if line:
                 print(line, flush=True)
     if start == 0:
@@ -376,14 +379,6 @@ def train(args, resume_from, restart, inputs, rank, world_size, device):
     dist.barrier()
     models.engine.close()
     return STOPPED if stopped else None
-
-
-def describe(args, models):
-    """The run's first lines (rank 0): its summary (config.summary), having written config.json, and what each weight
-    sync checks."""
-    path = runfolder.write_config(args.out, config.config_of(args))
-    return config.summary(args, checkpoint.disk_bytes(models, args), path) + "\n" + \
-        models.engine.weight_check_report()
 
 
 if __name__ == "__main__":
