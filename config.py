@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, LOSS_AGGS, OVERLONGS, POLICY_LOSS_CLIPS, POLICY_LOSS_TABLE,
+from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, LOSS_AGGS, OVERLONGS, POLICY_LOSS_SETTINGS, POLICY_LOSS_TABLE,
                   ROLLOUT_CORRECTIONS)
 from harness import checkpoint
 from harness.errors import MissingInput, refuse
@@ -169,10 +169,9 @@ def method_name(name):
 POLICY_LOSSES_SHOWN = [name for name, *_ in POLICY_LOSS_TABLE]
 
 
-def clips_of(policy_loss):
-    """'--clip_eps 0.0003, --clip_high 0.0004': the clips a policy loss takes unless they are given."""
-    low, high = POLICY_LOSS_CLIPS[policy_loss]
-    return f"--clip_eps {low}, --clip_high {high}"
+def settings_of(policy_loss):
+    """'--clip_eps 0.0003, --clip_high 0.0004, ...': the settings a policy loss's row brings unless they are given."""
+    return ", ".join(f"--{k} {v}" for k, v in POLICY_LOSS_SETTINGS[policy_loss].items() if v is not None)
 
 
 # Every flag: (name, argparse options, help). values_of adds to each help the flag's values.
@@ -253,8 +252,8 @@ FLAGS = [
     ("policy_loss", dict(choices=POLICY_LOSSES_SHOWN), "the policy term (grpo.py, POLICY_LOSS_TABLE): clip (PPO's clip "
                                                        "of each token's ratio), gspo (the response's ratio, clipped "
                                                        "per response; its clips by default: "
-                                                       f"{clips_of('gspo')}), cispo (a clipped, detached ratio times "
-                                                       f"log-prob times A; {clips_of('cispo')})"),
+                                                       f"{settings_of('gspo')}), cispo (a clipped, detached ratio "
+                                                       f"times log-prob times A; {settings_of('cispo')})"),
     ("loss_agg", dict(choices=LOSS_AGGS), "how the tokens' losses add up (grpo.py, LOSS_AGG_TABLE): "
                                           "view_token_mean (a token mean per view, summed), token_mean (DAPO), "
                                           "seq_mean_token_mean (GRPO's), seq_mean_token_sum_norm (Dr. GRPO: sums "
@@ -303,9 +302,15 @@ def parse_args(argv=None, description=None):
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    # a policy loss's own clips (grpo.POLICY_LOSS_TABLE: GSPO's and CISPO's ranges) win over the preset's, not the flags
-    for key, value in zip(("clip_eps", "clip_high"), POLICY_LOSS_CLIPS[args.policy_loss]):
-        if value is not None and key not in args.given:
+    # a policy loss's own settings (grpo.POLICY_LOSS_TABLE: GSPO's and CISPO's clips, GSPO's aggregation) win over the
+    # preset's, not the flags; its two clips are set together or not at all
+    own = {k: v for k, v in POLICY_LOSS_SETTINGS[args.policy_loss].items() if v is not None}
+    one_clip = [f"--{k}" for k in ("clip_eps", "clip_high") if k in own and k in args.given]
+    if len(one_clip) == 1:
+        refuse(f"--policy_loss {args.policy_loss} brings its own clips ({settings_of(args.policy_loss)}): give "
+               f"both --clip_eps and --clip_high, or neither, not {one_clip[0]} alone")
+    for key, value in own.items():
+        if key not in args.given:
             setattr(args, key, value)
     args.out = args.out or (args.method and default_out(args.method, args.model))
     return args

@@ -190,9 +190,9 @@ def group_std(rewards, eps):
 
 def batch_std(rewards, eps):
     """[1, 1]: the std (Bessel's correction) of every reward of the step, on all ranks, + eps: a collective, all_sum
-    of their count, sum and sum of squares."""
-    t = all_sum({"n": rewards.numel(), "sum": rewards.sum().item(), "squares": (rewards ** 2).sum().item()},
-                rewards.device)
+    of their count, sum and sum of squares, in float64."""
+    r = rewards.double()                                # float32 sums lose the spread of rewards far from 0
+    t = all_sum({"n": r.numel(), "sum": r.sum().item(), "squares": (r ** 2).sum().item()}, rewards.device)
     variance = (t["squares"] - t["sum"] ** 2 / t["n"]) / max(t["n"] - 1, 1)
     return rewards.new_full((1, 1), math.sqrt(max(variance, 0.0)) + eps)
 
@@ -214,12 +214,14 @@ ADVANTAGE_STDS = dict(ADVANTAGE_STD_TABLE)
 
 def group_advantages(rewards, eps=1e-6, scale=group_std):
     """rewards [P, G] -> advantages [P, G]: (r - the group's mean) / scale (ADVANTAGE_STD_TABLE), by default the
-    group's std + eps; a group whose rewards are all equal gets zeros."""
+    group's std + eps. A group whose rewards are all equal gets zeros, exactly: tested for, not computed, as the
+    float32 mean of equal non-dyadic rewards can miss them by a rounding, which eps alone would blow up to |A| ~ 2."""
     if rewards.shape[-1] < 2:
         raise ValueError(f"groups of {rewards.shape[-1]} response(s): advantages normalise within a group, "
                          f"which needs at least 2")
+    equal = (rewards == rewards[:, :1]).all(-1, keepdim=True)                                  # [P, 1]
     mean = rewards.mean(-1, keepdim=True)
-    return (rewards - mean) / call(scale, rewards=rewards, eps=eps)
+    return torch.where(equal, 0.0, (rewards - mean) / call(scale, rewards=rewards, eps=eps))
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,20 +268,23 @@ def clipped_weight(logp, old_logp, adv, low, high):
 
 
 # --policy_loss: the policy term. (logp, old_logp [B, T-1], adv [B, 1], mask [B, T-1], low, high: ε_low, ε_high) ->
-# (the term [B, T-1], clipped below, clipped above [B, T-1] bool), and the ε_low, ε_high a row takes unless
-# --clip_eps, --clip_high are given (None: the preset's --clip_eps for both). --clip_high above --clip_eps is DAPO's
-# clip-higher (0.28). The clip fractions are logged apart; for cispo, where the weight is clipped, whatever A's sign.
-# From: clip, PPO and GRPO (the official code; verl vanilla, TRL importance_sampling_level="token"); gspo, GSPO (Zheng
-# et al. 2025; verl gspo, TRL importance_sampling_level="sequence"), its paper's ranges; cispo, CISPO (MiniMax-M1
+# (the term [B, T-1], clipped below, clipped above [B, T-1] bool). A row that brings its paper's ε_low, ε_high (and
+# its aggregation) sets them unless --clip_eps and --clip_high (--loss_agg) are given; one clip flag without the other
+# is refused (config.py), as it would leave the other at the row's (GSPO's 4e-4 beside a 0.2). None: the preset's.
+# --clip_high above --clip_eps is DAPO's clip-higher (0.28). The clip fractions are logged apart; for cispo, where
+# the weight is clipped, whatever A's sign. From: clip, PPO and GRPO (the official code; verl vanilla, TRL
+# importance_sampling_level="token"); gspo, GSPO (Zheng et al. 2025; verl gspo, TRL importance_sampling_level=
+# "sequence"): its paper's ranges, and its mean over responses, as verl's gspo always takes; cispo, CISPO (MiniMax-M1
 # 2025; verl cispo, TRL loss_type="cispo" with epsilon_high 5): no lower clip, a cap of 5.
-#  --policy_loss  term            ε_low   ε_high
+#  --policy_loss  term            ε_low   ε_high  --loss_agg
 POLICY_LOSS_TABLE = [
-    ("clip",       token_clip,      None,   None),
-    ("gspo",       sequence_clip,   3e-4,   4e-4),
-    ("cispo",      clipped_weight,  1.0,    4.0),
+    ("clip",       token_clip,      None,   None,   None),
+    ("gspo",       sequence_clip,   3e-4,   4e-4,   "seq_mean_token_mean"),
+    ("cispo",      clipped_weight,  1.0,    4.0,    None),
 ]
 POLICY_LOSSES = {name: term for name, term, *_ in POLICY_LOSS_TABLE}
-POLICY_LOSS_CLIPS = {name: (low, high) for name, _, low, high in POLICY_LOSS_TABLE}
+POLICY_LOSS_SETTINGS = {name: {"clip_eps": low, "clip_high": high, "loss_agg": agg}
+                        for name, _, low, high, agg in POLICY_LOSS_TABLE}
 
 
 @dataclass
@@ -321,13 +326,16 @@ def seq_mean_token_sum_norm(per_token, n):
 # one. FSDP2 averages gradients over the W ranks, so each rank backpropagates Σ_local / (N / W); micro-batches add
 # up. The result is the gradient of the loss, whatever the number of ranks or micro-batches. A view with no weight
 # contributes 0. A one-view batch's view_token_mean is token_mean. Here each view's mean is over its tokens on all
-# ranks, not per micro-batch as verl's is (RECIPE.md).
+# ranks, not per micro-batch as verl's is. Which peer each row equals, on the same tokens and weights (tests/
+# test_losses.py restates theirs): token_mean is verl's token-mean and TRL's dapo; seq_mean_token_mean verl's
+# seq-mean-token-mean and TRL's grpo; seq_mean_token_sum_norm TRL's dr_grpo, and N_seq / W times verl's (verl divides
+# by L_max alone). Where a peer differs (N_seq counting masked responses; TRL's token mean of the entropy), RECIPE.md.
 #  --loss_agg                agg                         from          verl                      TRL
 LOSS_AGG_TABLE = [
     ("view_token_mean",         view_token_mean),          # the official code
     ("token_mean",              token_mean),               # DAPO        token-mean                dapo
-    ("seq_mean_token_mean",     seq_mean_token_mean),      # GRPO        seq-mean-token-mean       grpo
-    ("seq_mean_token_sum_norm", seq_mean_token_sum_norm),  # Dr. GRPO    seq-mean-token-sum-norm   dr_grpo
+    ("seq_mean_token_mean",     seq_mean_token_mean),      # GRPO, GSPO  seq-mean-token-mean       grpo
+    ("seq_mean_token_sum_norm", seq_mean_token_sum_norm),  # Dr. GRPO    (seq-mean-token-sum-norm) dr_grpo
 ]
 LOSS_AGGS = dict(LOSS_AGG_TABLE)
 

@@ -16,6 +16,9 @@ label source, LABEL_SOURCES):
                                (Co-rewarding-III, `coreward3`, as the authors' Co-rewarding-III/ code does)
     both views' vote           the 2G responses to both views vote together, and their majority labels both groups
                                (`coreward1_union`, a variant)
+    both views' harmony        the answer with the highest harmonic mean of its shares of the original's G answers
+                               and of the rephrasing's labels both groups (Self-Harmony, Wang et al. 2025, the
+                               closest rival of Co-rewarding-I, `self_harmony`; `harmonic_vote`)
     a coin                     no one: a fair coin per response, seeded by its group (run seed, step, question, view),
                                blind to the answer (`random`, the control of Spurious Rewards, Shao et al. 2025)
 
@@ -39,11 +42,12 @@ string equal to the label (Co-rewarding-III's `_answers_equal` strips spaces). A
 """
 import dataclasses
 import math
+from fractions import Fraction
 from typing import Callable
 
 import torch
 
-from harness.answers import is_equiv, majority_vote
+from harness.answers import answer_class_indices, is_equiv, majority_vote
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,10 +84,25 @@ def negative_entropy(logp_all):
 # --------------------------------------------------------------------------------------------
 # The methods
 
+def harmonic_vote(voters):
+    """Self-Harmony's label of the original's G answers followed by the rephrasing's G: the first member of the class
+    of equal answers with the highest harmonic mean 2 p p' / (p + p') of its shares p, p' of each view's G answers (a
+    tie: the earliest class); None where no answer is in both views (every harmonic mean 0). Exact, in Fractions."""
+    g = len(voters) // 2
+    best, top = None, Fraction(0)
+    for members in answer_class_indices(voters):
+        p, p_rephrased = Fraction(sum(i < g for i in members), g), Fraction(sum(i >= g for i in members), g)
+        harmonic = 2 * p * p_rephrased / (p + p_rephrased)
+        if harmonic > top:
+            best, top = voters[members[0]], harmonic
+    return best
+
+
 @dataclasses.dataclass(frozen=True)
 class LabelSource:
     voters: str            # "gold", "policy" or "teacher"; "coin": the group's coin seed votes, and it has no label
     views: str             # which views vote: its "own", its twin's ("other") or "both" (original's, then rephrasing's)
+    vote: Callable = majority_vote     # the voters' answers -> the label
 
 
 LABEL_SOURCES = {
@@ -91,6 +110,7 @@ LABEL_SOURCES = {
     "own vote":                  LabelSource("policy", "own"),
     "other view's vote":         LabelSource("policy", "other"),
     "both views' vote":          LabelSource("policy", "both"),
+    "both views' harmony":       LabelSource("policy", "both", harmonic_vote),
     "teacher's vote":            LabelSource("teacher", "own"),
     "teacher's other-view vote": LabelSource("teacher", "other"),
     "a coin":                    LabelSource("coin", "own"),
@@ -146,6 +166,7 @@ METHOD_TABLE = [
     ("entropy",             None,                        "original", None,        "start",   None,  negative_entropy),
     ("coreward1_union",     "both views' vote",          "both",     None,        "start",   None,  agreement),
     ("random",              "a coin",                    "original", None,        "start",   None,  coin_flip),
+    ("self_harmony",        "both views' harmony",       "both",     None,        "start",   None,  agreement),
 ]
 METHODS = {name: Method(name, *facts) for name, *facts in METHOD_TABLE}
 
@@ -195,7 +216,7 @@ def label_groups(method, answers, ground_truth, teacher_answers=None, coin_seeds
     elif source.views == "both":                          # the original's answers, then the rephrasing's: one label
         voters = [voters[min(i, twin(i, n))] + voters[max(i, twin(i, n))] for i in range(n)]
     labels = list(ground_truth) if source.voters == "gold" else [None] * n if source.voters == "coin" else \
-        [majority_vote(group) for group in voters]
+        [source.vote(group) for group in voters]
     return labels, voters
 
 

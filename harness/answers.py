@@ -145,26 +145,31 @@ def majority_vote(answers):
     return max(classes, key=len)[0]  # max keeps the first of equally large classes
 
 
-@_within_time_limit
 def answer_classes(answers):
     """The classes of equal answers, each the list of its members in order, in order of creation; each answer joins
     the first class whose first member it equals.  None and unreadable answers are left out."""
-    classes = []    # [first member's number or None, members...], in order of creation
+    return [[answers[i] for i in members] for members in answer_class_indices(answers)]
+
+
+@_within_time_limit
+def answer_class_indices(answers):
+    """answer_classes, each class as the indices of its members in `answers`."""
+    classes = []    # [first member's number or None, member indices...], in order of creation
     by_number = {}  # exact value -> the class of that plain number
-    for answer in answers:
+    for i, answer in enumerate(answers):
         if answer is None or normalize(answer) is None:
             continue
         number = _as_fraction(normalize(answer))
         if number in by_number:
-            by_number[number].append(answer)
+            by_number[number].append(i)
             continue
         # plain numbers are equal exactly when their Fractions are: compare a new one only with other answers
         for members in classes:
-            if (number is None or members[0] is None) and is_equiv(members[1], answer):
-                members.append(answer)
+            if (number is None or members[0] is None) and is_equiv(answers[members[1]], answer):
+                members.append(i)
                 break
         else:
-            classes.append([number, answer])
+            classes.append([number, i])
             if number is not None:
                 by_number[number] = classes[-1]
     return [members[1:] for members in classes]

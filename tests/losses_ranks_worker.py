@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from grpo import POLICY_LOSS_CLIPS, train_step  # noqa: E402
+from grpo import POLICY_LOSS_SETTINGS, train_step  # noqa: E402
 from harness.sharding import gather_full_weights, init_distributed, shard  # noqa: E402
 from test_grpo import _batch, _tiny_model, step_config  # noqa: E402
 
@@ -39,11 +39,9 @@ CASES = {
     "seq_mean_token_mean/dropped":     dict(loss_agg="seq_mean_token_mean"),
     "seq_mean_token_sum_norm/dropped": dict(loss_agg="seq_mean_token_sum_norm"),
     "clip_higher":                     dict(clip_eps=0.1, clip_high=0.3),
-    "gspo":                            dict(policy_loss="gspo", clip_eps=POLICY_LOSS_CLIPS["gspo"][0],
-                                            clip_high=POLICY_LOSS_CLIPS["gspo"][1]),
+    "gspo":                            dict(policy_loss="gspo", **POLICY_LOSS_SETTINGS["gspo"]),
     "gspo/wide":                       dict(policy_loss="gspo", clip_high=0.28),
-    "cispo":                           dict(policy_loss="cispo", clip_eps=POLICY_LOSS_CLIPS["cispo"][0],
-                                            clip_high=POLICY_LOSS_CLIPS["cispo"][1]),
+    "cispo":                           dict(policy_loss="cispo", clip_eps=1.0, clip_high=4.0),
     "entropy":                         dict(entropy_coef=0.05),
 }
 

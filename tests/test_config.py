@@ -94,8 +94,8 @@ def test_help_shows_each_flags_value_in_each_preset_and_method():
                   if name in settings]
         assert f"[{'; '.join(shown)}]" in lines[f"--{name}"], name
     assert "{" + ",".join(METHODS) + "}" in lines["--method"]          # the choices: METHOD_TABLE's rows
-    from grpo import POLICY_LOSS_CLIPS          # a help may show a table's values, made from the table
-    from_tables = {"0"} | {str(v) for clips in POLICY_LOSS_CLIPS.values() for v in clips if v is not None}
+    from grpo import POLICY_LOSS_SETTINGS          # a help may show a table's values, made from the table
+    from_tables = {"0"} | {str(v) for own in POLICY_LOSS_SETTINGS.values() for v in own.values() if v is not None}
     for name, _, help in config.FLAGS:
         assert set(re.findall(r"\b\d[\d.e-]*", help)) <= from_tables, f"--{name}'s help states a number: {help}"
 
@@ -118,20 +118,14 @@ def test_rephrase_noise_needs_a_method_that_reads_the_rephrasings():
     config.check_settings(config.parse_args(["--method", "coreward2_rephrased", "--rephrase_noise", "0.5"]), 1)
 
 
-def test_the_loss_family_is_off_unless_asked_for_and_a_policy_loss_brings_its_clips():
-    """Both presets take each table's first row (the official code's); --policy_loss gspo takes GSPO's clips unless
-    --clip_eps or --clip_high say otherwise; clip and the rest keep the preset's."""
+def test_the_loss_family_is_off_unless_asked_for():
+    """Both presets take each table's first row (the official code's)."""
     from grpo import ADVANTAGE_STD_TABLE, LOSS_AGG_TABLE, OVERLONG_TABLE, POLICY_LOSS_TABLE
     for model in ([], ["--model", "m"]):
         args = config.parse_args(["--method", "coreward1", *model])
         assert (args.policy_loss, args.loss_agg, args.advantage_std, args.overlong) == \
             (POLICY_LOSS_TABLE[0][0], LOSS_AGG_TABLE[0][0], ADVANTAGE_STD_TABLE[0][0], OVERLONG_TABLE[0][0])
         assert (args.clip_eps, args.clip_high, args.entropy_coef, args.rephrase_noise) == (0.2, None, 0.0, 0.0)
-    gspo = lambda *flags: config.parse_args(["--method", "coreward1", "--policy_loss", "gspo", *flags])
-    assert (gspo().clip_eps, gspo().clip_high) == (3e-4, 4e-4)
-    assert (gspo("--clip_eps", "1e-3").clip_eps, gspo("--clip_eps", "1e-3").clip_high) == (1e-3, 4e-4)
-    cispo = config.parse_args(["--method", "coreward1", "--policy_loss", "cispo"])
-    assert (cispo.clip_eps, cispo.clip_high) == (1.0, 4.0)
 
 
 def test_a_checkpoint_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):
@@ -231,3 +225,26 @@ def test_the_run_length_is_the_official_trainers():
     import train
     assert [train.run_length(3, n, 128) for n in (6_999, 7_500, 14_109)] == [162, 174, 330]
     assert train.run_length(0.5, 6_999, 128) == 27 and train.run_length(1, 100, 128) == 1
+
+
+def test_a_policy_loss_brings_its_own_clips_and_aggregation_unless_given():
+    """GSPO's row brings its paper's clips and the mean over responses (verl's gspo); CISPO's its clips and no
+    aggregation (the preset's). Given flags win, both clips together."""
+    gspo = config.parse_args(["--method", "gt", "--policy_loss", "gspo"])
+    assert (gspo.clip_eps, gspo.clip_high, gspo.loss_agg) == (3e-4, 4e-4, "seq_mean_token_mean")
+    cispo = config.parse_args(["--method", "gt", "--policy_loss", "cispo"])
+    assert (cispo.clip_eps, cispo.clip_high, cispo.loss_agg) == (1.0, 4.0, "view_token_mean")
+    given = config.parse_args(["--method", "gt", "--policy_loss", "gspo", "--loss_agg", "token_mean", "--clip_eps",
+                               "0.1", "--clip_high", "0.2"])
+    assert (given.clip_eps, given.clip_high, given.loss_agg) == (0.1, 0.2, "token_mean")
+    clip = config.parse_args(["--method", "gt", "--clip_high", "0.28"])      # clip-higher on the token clip
+    assert (clip.clip_eps, clip.clip_high, clip.loss_agg) == (0.2, 0.28, "view_token_mean")
+
+
+@pytest.mark.parametrize("loss, flag", [("gspo", "--clip_eps"), ("gspo", "--clip_high"), ("cispo", "--clip_eps")])
+def test_one_clip_beside_a_rows_own_clips_is_refused(loss, flag):
+    """--policy_loss gspo --clip_eps 0.2 would have kept GSPO's upper clip at 4e-4 without a word: refused, naming
+    the row's clips."""
+    with pytest.raises(errors.UsageError, match=f"--policy_loss {loss} brings its own clips .*--clip_eps .*: give both "
+                                                f"--clip_eps and --clip_high, or neither, not {flag} alone"):
+        config.parse_args(["--method", "gt", "--policy_loss", loss, flag, "0.2"])

@@ -167,7 +167,8 @@ def test_the_tables_rows_are_those_tested():
     """A new row of any table must come with its tests here: the rows are those this file checks, with the policy
     losses' default clips (GSPO's paper ranges; CISPO no lower clip, ε_high 4)."""
     assert list(grpo.POLICY_LOSSES) == ["clip", "gspo", "cispo"]
-    assert grpo.POLICY_LOSS_CLIPS == {"clip": (None, None), "gspo": (3e-4, 4e-4), "cispo": (1.0, 4.0)}
+    assert {k: (v["clip_eps"], v["clip_high"], v["loss_agg"]) for k, v in grpo.POLICY_LOSS_SETTINGS.items()} == \
+        {"clip": (None, None, None), "gspo": (3e-4, 4e-4, "seq_mean_token_mean"), "cispo": (1.0, 4.0, None)}
     assert list(grpo.LOSS_AGGS) == list(AGG_RESTATEMENTS)
     assert list(grpo.ADVANTAGE_STDS) == ["group", "batch", "none"]
     assert list(grpo.OVERLONGS) == ["none", "mask", "soft"]
@@ -252,7 +253,7 @@ def test_clipped_weight_cispo_by_hand():
     -A ρ (1 + log π) = 0). With (0.2, 0.28), A = -1, log π (-1, -0.5, -2), ρ (0.5, 1, 2): weights 0.8, 1, 1.28,
     terms w log π = -0.8, -0.5, -2.56, clipped_low on the first and clipped_high on the third (whatever A's sign),
     gradient w."""
-    low, high = grpo.POLICY_LOSS_CLIPS["cispo"]
+    low, high = (grpo.POLICY_LOSS_SETTINGS["cispo"][k] for k in ("clip_eps", "clip_high"))
     logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     old = _from_ratios(logp.detach(), [[0.5, 3.0, 6.0]])
     term, below, above = grpo.call(grpo.POLICY_LOSSES["cispo"], logp=logp, old_logp=old, adv=torch.tensor([[2.0]]),
@@ -320,7 +321,7 @@ def test_sequence_clip_equals_verls_gspo(dist_world):
     table's own ranges (3e-4, 4e-4): the same again."""
     logp, old, _, adv, mask, _, _ = _random_batch(seed=1, spread=0.1)
     offset = torch.tensor([0.35, -0.05, -0.3, 0.1, 0.05, -0.4])[:, None]
-    for low, high, scale in ((0.2, 0.28, 1.0), (*grpo.POLICY_LOSS_CLIPS["gspo"], 2e-3)):
+    for low, high, scale in ((0.2, 0.28, 1.0), (3e-4, 4e-4, 2e-3)):
         old_s = logp - scale * (offset + logp - old)
         x = logp.clone().requires_grad_(True)
         cfg = step_config(clip_eps=low, clip_high=high, kl_coef=0.0, policy_loss="gspo", loss_agg="seq_mean_token_mean")
@@ -347,7 +348,7 @@ def test_clipped_weight_equals_verls_and_trls_cispo(dist_world):
     our term equals verl's cispo (clip_ratio_low 1, clip_ratio_high 4) and TRL's (epsilon_high 5, an absolute cap);
     our flags are verl's is_clipped. Through grpo_loss with token_mean, the loss is TRL's dapo mean of its terms."""
     logp, old, _, adv, mask, _, _ = _random_batch(seed=2, spread=1.0)
-    low, high = grpo.POLICY_LOSS_CLIPS["cispo"]
+    low, high = (grpo.POLICY_LOSS_SETTINGS["cispo"][k] for k in ("clip_eps", "clip_high"))
     x = logp.clone().requires_grad_(True)
     term, below, above = grpo.call(grpo.POLICY_LOSSES["cispo"], logp=x, old_logp=old, adv=adv[:, None], mask=mask, low=low,
                                     high=high)
@@ -452,6 +453,48 @@ def test_advantages_equal_trls(dist_world, scale):
     assert torch.allclose(ours, trl, atol=1e-6)
     assert torch.allclose(group_advantages(r, scale=grpo.ADVANTAGE_STDS[scale]), trl, atol=1e-3)
     assert torch.equal(ours[-1], torch.zeros(6))
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_equal_float_rewards_give_zero_advantages_exactly(dist_world, scale):
+    """200 groups of 8 equal non-dyadic float32 rewards (the answer-free rewards of identical responses): the float32
+    mean misses many of them by a rounding, which the group std + 1e-6 (exactly 0 + 1e-6 or a rounding) blew up to
+    |A| near 2. Every advantage is 0, exactly, under each scale; a group that differs in one reward keeps its
+    advantages, TRL's formula's."""
+    g = torch.Generator().manual_seed(6)
+    r = torch.rand(200, 1, generator=g).expand(200, 8).contiguous()
+    assert ((r.mean(-1, keepdim=True) - r) != 0).any()                     # the roundings the test is about
+    assert torch.equal(group_advantages(r, scale=grpo.ADVANTAGE_STDS[scale]), torch.zeros(200, 8))
+    r[0, 3] += 0.25
+    adv = group_advantages(r, scale=grpo.ADVANTAGE_STDS[scale])
+    assert torch.allclose(adv[0], trl_advantages(r, scale, 1e-6)[0], atol=1e-5) and adv[0].abs().max() > 0.1
+    assert torch.equal(adv[1:], torch.zeros(199, 8))
+
+
+def test_the_batch_std_of_rewards_far_from_zero(dist_world):
+    """Continuous rewards near a collapse, mean 12 and spread 0.01 over 16 groups of 8: the batch scale is the float64
+    std of all of them + 1e-6 to 1e-6 relative (float32 sums of squares put it 14% off)."""
+    g = torch.Generator().manual_seed(7)
+    r = 12 + 0.01 * torch.randn(16, 8, generator=g)
+    scale = grpo.batch_std(r, 1e-6).item()
+    assert scale == pytest.approx(r.double().std().item() + 1e-6, rel=1e-6)
+
+
+def test_seq_mean_token_sum_norm_is_verls_over_n_seq(dist_world):
+    """verl's seq-mean-token-sum-norm divides each rank's token sums by L_max alone (a listed departure): on one rank,
+    ours times N_seq (4 responses of weight) is verl's, value and gradient; TRL's dr_grpo is ours (the table's test)."""
+    logp, old, ref, adv, mask, entropy, view = _random_batch(seed=8)
+    logp.requires_grad_(True)
+    keep = torch.tensor([True, False, True, True, False, True])
+    weight = keep[:, None].float().expand_as(mask).clone()
+    cfg = step_config(kl_coef=0.05, loss_agg="seq_mean_token_sum_norm")
+    loss, _ = _loss(logp, old, adv, mask, cfg, view=view, weight=weight, ref=ref)
+    per_token = _per_token_reference(logp, old, ref, adv, mask, torch.zeros_like(mask), 0.2, 0.2, 0.05, 0.0)
+    verl = (per_token * mask * weight).sum() / 48
+    assert (4 * loss).item() == pytest.approx(verl.item(), rel=1e-6)
+    ours, = torch.autograd.grad(4 * loss, logp, retain_graph=True)
+    theirs, = torch.autograd.grad(verl, logp)
+    assert torch.allclose(ours, theirs, atol=1e-7, rtol=1e-5)
 
 
 def test_soft_overlong_by_hand_and_against_dapo_and_trl():

@@ -215,3 +215,26 @@ def test_the_random_reward_is_a_seeded_coin_blind_to_the_answer():
     assert 0.45 < sum(map(sum, many)) / 1600 < 0.55 and many[0] != many[1]
     with pytest.raises(ValueError, match="coin seed"):
         rewards.label_groups("random", answers, ["1", "5"])
+
+
+def test_self_harmony_labels_both_views_by_the_harmonic_mean_of_their_shares_by_hand():
+    """self_harmony, G = 4, three questions (originals first, then rephrasings). The harmonic mean of an answer's
+    shares p (original) and p' (rephrasing) is 2 p p' / (p + p'):
+    - q0 6 6 6 1 / 1 1 2 3: '6' 3/4 and 0 -> 0; '1' 1/4 and 1/2 -> 1/3: '1' labels both views, where the union's
+      majority (3 x '6' against 3 x '1', the tie to the first) says '6' and each view's own vote '6' and '1';
+    - q1 7 8 - 8 / 9 9 9 -: no answer in both views, every mean 0: no label, every reward 0;
+    - q2 2 2 3 3 / 3 3 2 2: '2' and '3' both 1/2: the tie goes to the class met first, '2'."""
+    from fractions import Fraction
+    from rewards import harmonic_vote, label_groups
+    answers = [["6", "6", "6", "1"], ["7", "8", None, "8"], ["2", "2", "3", "3"],
+               ["1", "1", "2", "3"], ["9", "9", "9", None], ["3", "3", "2", "2"]]
+    labels, voters = label_groups("self_harmony", answers, ["1", "7", "2"] * 2)
+    assert labels == ["1", None, "2", "1", None, "2"]
+    assert voters[0] == voters[3] == answers[0] + answers[3]
+    assert label_groups("coreward1_union", answers, ["1", "7", "2"] * 2)[0][0] == "6"
+    assert 2 * Fraction(1, 4) * Fraction(1, 2) / (Fraction(1, 4) + Fraction(1, 2)) == Fraction(1, 3)
+    assert rewards.METHODS["self_harmony"].reward(answers, labels, voters) == \
+        [[0, 0, 0, 1], [0] * 4, [1, 1, 0, 0], [1, 1, 0, 0], [0] * 4, [0, 0, 1, 1]]
+    # one class as mathematics (0.5, 1/2, 2/4): 1/2 and 1/4 -> 1/3; 'x' 1/4 and 1/2 -> 1/3; the tie to the earlier
+    assert harmonic_vote(["1", "0.5", "1/2", "x"] + ["2/4", "x", "x", None]) == "0.5"
+    assert rewards.METHODS["self_harmony"].two_view                     # J(q) + J(q'), as coreward1
