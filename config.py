@@ -54,6 +54,7 @@ PRESET_TABLE = [
     ("compile_layers",             False,         False),
     ("defer_grad_sync",            False,         False),
     ("group_filter",               "none",        "none"),    # as the official code: grpo.py, GROUP_FILTER_TABLE
+    ("refill_rounds",              10,            10),        # DAPO's max_num_gen_batches (verl's recipe)
     ("rollout_correction",         "none",        "none"),    # as the official code: grpo.py, ROLLOUT_CORRECTION_TABLE
     ("rollout_correction_cap",     2.0,           2.0),       # verl's rollout_is_threshold (TRL's cap: 3)
     # the loss family (grpo.py, THE LOSS FAMILY): each off, as the official code
@@ -100,7 +101,7 @@ TEACHER_PROMPTS = ("same", "rephrased")
 # preset's values of them say (resume_settings fills them in, and says which).
 ADDED_SETTINGS = ("rollout_correction", "rollout_correction_cap", "hf_kv_budget_gib", "group_filter", "policy_loss",
                   "loss_agg", "advantage_std", "clip_high", "overlong", "overlong_buffer", "entropy_coef",
-                  "rephrase_noise")
+                  "rephrase_noise", "refill_rounds")
 # Methods renamed when `coreward3` became the authors' Co-rewarding-III: (the name a run was saved under, the
 # --teacher_prompts its runs saved, the name of that method now). A resume of such a run, or --method with a name that
 # is no longer one, is refused with the new name (`renamed`).
@@ -243,7 +244,10 @@ FLAGS = [
      "between: bench/scale.py's memory account)"),
     ("group_filter", dict(choices=GROUP_FILTERS), "which groups train (grpo.py, GROUP_FILTER_TABLE): none, or "
                                                   "zero_variance (DAPO's filter: drop the groups whose rewards are "
-                                                  "all equal, without re-sampling)"),
+                                                  "all equal; --refill_rounds samples more questions)"),
+    ("refill_rounds", dict(type=int), "with a --group_filter, DAPO's dynamic sampling: up to this many more rounds of "
+                                      "questions a step, while a rank has fewer questions with a kept group than its "
+                                      "share (0: the step trains on what its first round kept)"),
     ("rollout_correction", dict(choices=ROLLOUT_CORRECTIONS),
      "weight each response token's policy term by pi_old / pi_sampler, the trainer's probability over the rollout "
      "engine's, against their mismatch: none (the official code), tis (truncated at the cap), mis (masked above "
@@ -419,7 +423,8 @@ def check_numbers(args):
     if not args.sampler_gap_factor > 1:
         refuse(f"--sampler_gap_factor {args.sampler_gap_factor} must be above 1: a warning comes above this times the "
                f"gap of the run's first steps")
-    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch", "eval_k", "eval_samples", "hf_kv_budget_gib"):
+    for name in ("save_every", "keep_last", "max_tokens_per_micro_batch", "eval_k", "eval_samples", "hf_kv_budget_gib",
+                 "refill_rounds"):
         if getattr(args, name) < 0:
             refuse(f"--{name} {getattr(args, name)} must be 0 or more")
     longest = args.max_prompt_len + args.max_response_len

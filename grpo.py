@@ -167,18 +167,19 @@ def keep_every_group(rewards):
 
 
 def drop_zero_variance(rewards):
-    """[groups] False where a group's G rewards are all equal (DAPO's filter, without its re-sampling)."""
+    """[groups] False where a group's G rewards are all equal (DAPO's filter)."""
     return ~(rewards == rewards[:, :1]).all(-1)
 
 
 # --group_filter: which groups train. rewards [groups, G] -> keep [groups] bool. A dropped group gets loss weight 0
 # (LOSS_AGG_TABLE): its advantages were 0 already, so what changes is the token means, now over the groups with a
-# signal, and its KL term, which leaves the loss. DAPO then samples more questions until the batch is full again;
-# here the step trains on what is left, and a step with nothing left takes an update of zero gradient.
+# signal, and its KL term, which leaves the loss. Then, as DAPO, the step samples more questions until each rank
+# holds its share with a kept group, up to --refill_rounds more rounds (train.py, `training_step`); where they run
+# out, the step trains on what it has, and a step with nothing left takes an update of zero gradient.
 #  --group_filter     keep
 GROUP_FILTER_TABLE = [
     ("none",          keep_every_group),      # the official code
-    ("zero_variance", drop_zero_variance),    # DAPO's dynamic sampling, without its re-sampling
+    ("zero_variance", drop_zero_variance),    # DAPO's dynamic sampling (verl filter_groups, metric "acc")
 ]
 GROUP_FILTERS = dict(GROUP_FILTER_TABLE)
 
@@ -427,6 +428,14 @@ def rollout_correction(name, old_logp, sampler_logp, mask, cap):
 # --------------------------------------------------------------------------------------------
 # The step's update
 
+def shape_and_filter(rewards, lengths, truncated, cfg):
+    """The rewards shaped (--overlong), each response's loss weight [groups, G], and the groups kept (--group_filter)
+    [groups] bool, of rewards, response lengths (float) and truncation [groups, G]."""
+    shaped, weight = call(OVERLONGS[cfg.overlong], rewards=rewards, lengths=lengths, truncated=truncated,
+                          max_len=cfg.max_response_len, buffer=cfg.overlong_buffer)
+    return shaped, weight, call(GROUP_FILTERS[cfg.group_filter], rewards=shaped)
+
+
 def update(policy, ref, optimizer, batch, rewards, cfg, world_size):
     """The step's update from its rewards [groups, G] (the batch's rows, group by group): each response cut at the
     length limit shaped (--overlong), the groups that train kept (--group_filter: a dropped group's tokens get loss
@@ -434,9 +443,7 @@ def update(policy, ref, optimizer, batch, rewards, cfg, world_size):
     (train_step's sums, the shaped rewards, the groups kept)."""
     device = batch.mask.device
     lengths, cut = batch.mask.sum(-1).cpu().view_as(rewards), batch.truncated.view_as(rewards)      # [groups, G]
-    shaped, weight = call(OVERLONGS[cfg.overlong], rewards=rewards, lengths=lengths, truncated=cut,
-                          max_len=cfg.max_response_len, buffer=cfg.overlong_buffer)             # [groups, G] each
-    keep = call(GROUP_FILTERS[cfg.group_filter], rewards=shaped)                           # [groups] bool
+    shaped, weight, keep = shape_and_filter(rewards, lengths, cut, cfg)
     batch.weight *= (keep[:, None] * weight).flatten()[:, None].to(device)
     batch.advantages = group_advantages(shaped, scale=ADVANTAGE_STDS[cfg.advantage_std]).flatten().to(device)
     return train_step(policy, ref, optimizer, batch, cfg, world_size), shaped, keep

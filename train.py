@@ -104,41 +104,41 @@ class Questions:
         self.order, self.cursor = state["order"], state["cursor"]
 
 
-def training_step(args, step, indices, questions, models, encode, step_cfg, device, world_size):
-    """One step (the docstring's 2-5) on this rank's `questions` (`indices` into the data): its record."""
-    # 2. sample: originals, then (--views both) rephrasings; a request is seeded by who samples which question when
+@dataclasses.dataclass
+class Round:
+    """One round of sampling and rewarding: its groups, the originals of its questions, then their rephrasings."""
+    ids: list                     # [groups] each group's (question index, view)
+    groups: list                  # [groups][G] rollout.Sample
+    answers: list                 # [groups][G] extracted answers
+    gold: list                    # [groups] ground truth
+    labels: list | None           # [groups] (None: an answer-free method)
+    rewards: torch.Tensor         # [groups, G]
+    kept: torch.Tensor            # [questions] bool: a group of the question kept by --group_filter
+
+
+def training_step(args, step, take, models, encode, step_cfg, device, world_size):
+    """One step (the docstring's 2-5) on this rank's share of questions (`take()`: their indices and pairs): its
+    record. With a group filter, more rounds of questions while a rank is short of questions with a kept group."""
     t0 = time.perf_counter()
-    views = (0, 1) if args.views == "both" else (0,)
-    prompts = lambda which: [encode(q.rephrased if view else q.original) for view in which for q in questions]
-    ids = lambda which: [(i, view) for view in which for i in indices]          # each group's question and view
-    seeds = lambda role, which: [request_seed(args.seed, role, step, i, view) for i, view in ids(which)]
-    groups = models.engine.generate(prompts(views), args.group_size, args.temperature, args.max_response_len,
-                                    seeds=seeds("policy", views))
-    check_groups(groups, prompts(views), ids(views), args.group_size, "the policy")
-    teacher_answers = teacher_answers_of(args, models, prompts, seeds, ids, views)    # None without a teacher
-    models.engine.sleep()                         # on a GPU, its memory goes to the training phase until the sync
+    rounds = [sample_and_reward(args, step, 0, *take(), models, encode, step_cfg, device)]
+    while (short := shortfall(args, rounds, device)) and len(rounds) <= args.refill_rounds:   # DAPO's refill
+        models.sync_engine()                      # the engine slept (or served the teacher): the policy again
+        rounds.append(sample_and_reward(args, step, len(rounds), *take(), models, encode, step_cfg, device))
+    if short and args.refill_rounds and dist.get_rank() == 0:
+        tqdm.write(f"step {step}: a rank is {short} question(s) short of its {len(rounds[0].kept)} with a signal after "
+                   f"{len(rounds)} rounds (--refill_rounds {args.refill_rounds} spent); it trains on those it has, "
+                   f"the others at loss weight 0")
+    sampled = step_questions(rounds)
     t1 = time.perf_counter()
 
-    # 3. label and reward; rewards.twin(i) = (i + P) mod 2P pairs a group with its other view: the originals first,
-    # then their rephrasings in the same order, as asked for (prompts) and as check_groups found them
-    gold = [q.answer for q in questions] * len(views)
-    answers = [[extract_answer(s.text) for s in g] for g in groups]
-    batch = make_batch([s for g in groups for s in g], models.pad_id, device)
-    method = METHODS[args.method]                 # its row of rewards.METHOD_TABLE
-    if method.two_view:                           # J(q) + J(q'): one token mean per view (grpo.py, LOSS_AGG_TABLE)
-        batch.view = torch.arange(len(views), device=device).repeat_interleave(len(questions) * args.group_size)
-    if method.labels is None:                     # a reward of the response's tokens, under the policy
-        labels, rewards = None, score_responses(models.policy, batch, step_cfg, method.reward).cpu()
-        rewards = rewards.view(len(groups), args.group_size)
-    else:
-        labels, voters = label_groups(args.method, answers, gold, teacher_answers, coin_seeds=seeds("reward", views))
-        rewards = torch.tensor(method.reward(answers, labels, voters))           # [views x P, G]
-
     # 4. the update: overlong shaping, the group filter, the advantages and the policy loss (grpo.py, THE LOSS FAMILY)
+    batch = make_batch([s for g in sampled.groups for s in g], models.pad_id, device)
+    if METHODS[args.method].two_view:             # J(q) + J(q'): one token mean per view (grpo.py, LOSS_AGG_TABLE)
+        batch.view = torch.tensor([v for _, v in sampled.ids], device=device).repeat_interleave(args.group_size)
     lr = models.scheduler.get_last_lr()[0]                                        # the rate this step's updates use
     try:
-        stats, shaped, keep = grpo.update(models.policy, models.ref, models.optimizer, batch, rewards, step_cfg,
-                                          world_size)
+        stats, shaped, keep = grpo.update(models.policy, models.ref, models.optimizer, batch, sampled.rewards,
+                                          step_cfg, world_size)
     except NonFiniteError as e:
         raise NonFiniteError(f"step {step}: {e} The run stopped; metrics.jsonl holds the steps before it.") from None
     models.scheduler.step()
@@ -150,9 +150,69 @@ def training_step(args, step, indices, questions, models, encode, step_cfg, devi
     t2 = time.perf_counter()
     models.sync_engine()
     times = {"t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": time.perf_counter() - t2}
-    view = [v for v in views for _ in questions]                                  # each group's view
-    return step_record_over_ranks(Step(step, groups, answers, gold, labels, rewards, shaped, keep, stats, view, lr,
-                                       alpha, times), device, world_size)
+    record = step_record_over_ranks(Step(step, sampled.groups, sampled.answers, sampled.gold, sampled.labels,
+                                         sampled.rewards, shaped, keep, stats, [v for _, v in sampled.ids], lr, alpha,
+                                         times), device, world_size)
+    return {**record, "rounds": len(rounds)} if args.group_filter != "none" else record
+
+
+def sample_and_reward(args, step, round_, indices, questions, models, encode, step_cfg, device):
+    """A round: sample G responses to this rank's `questions` (`indices` into the data), label and reward them (the
+    docstring's 2 and 3). A refill round's requests are seeded under step+round, the first's under the step alone."""
+    # 2. sample: originals, then (--views both) rephrasings; a request is seeded by who samples which question when
+    views = (0, 1) if args.views == "both" else (0,)
+    prompts = lambda which: [encode(q.rephrased if view else q.original) for view in which for q in questions]
+    ids = lambda which: [(i, view) for view in which for i in indices]          # each group's question and view
+    key = step if round_ == 0 else f"{step}+{round_}"
+    seeds = lambda role, which: [request_seed(args.seed, role, key, i, view) for i, view in ids(which)]
+    groups = models.engine.generate(prompts(views), args.group_size, args.temperature, args.max_response_len,
+                                    seeds=seeds("policy", views))
+    check_groups(groups, prompts(views), ids(views), args.group_size, "the policy")
+    teacher_answers = teacher_answers_of(args, models, prompts, seeds, ids, views)    # None without a teacher
+    models.engine.sleep()                         # on a GPU, its memory goes to the training phase until the sync
+
+    # 3. label and reward; rewards.twin(i) = (i + P) mod 2P pairs a group with its other view: the originals first,
+    # then their rephrasings in the same order, as asked for (prompts) and as check_groups found them
+    gold = [q.answer for q in questions] * len(views)
+    answers = [[extract_answer(s.text) for s in g] for g in groups]
+    method = METHODS[args.method]                 # its row of rewards.METHOD_TABLE
+    if method.labels is None:                     # a reward of the response's tokens, under the policy
+        batch = make_batch([s for g in groups for s in g], models.pad_id, device)
+        labels, rewards = None, score_responses(models.policy, batch, step_cfg, method.reward).cpu()
+        rewards = rewards.view(len(groups), args.group_size)
+    else:
+        labels, voters = label_groups(args.method, answers, gold, teacher_answers, coin_seeds=seeds("reward", views))
+        rewards = torch.tensor(method.reward(answers, labels, voters))           # [views x P, G]
+    lengths = torch.tensor([[len(s.token_ids) for s in g] for g in groups], dtype=torch.float)
+    keep = grpo.shape_and_filter(rewards, lengths, torch.tensor([[not s.finished for s in g] for g in groups]),
+                                 step_cfg)[2]
+    return Round(ids(views), groups, answers, gold, labels, rewards, keep.view(len(views), -1).any(0))
+
+
+def shortfall(args, rounds, device):
+    """With a group filter, how many questions with a kept group the shortest rank lacks of its share, over its rounds
+    (a MIN all-reduce: the ranks take their rounds together); 0 without one."""
+    if args.group_filter == "none":
+        return 0
+    fewest = torch.tensor(sum(int(r.kept.sum()) for r in rounds), device=device)
+    dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
+    return max(len(rounds[0].kept) - int(fewest), 0)
+
+
+def step_questions(rounds):
+    """The Round the step trains on: the first round, or of all the rounds' questions the first `share` (this rank's
+    count) in the order sampled, those with a kept group first, then (when the rounds ran out) the others, whose
+    groups the filter leaves at loss weight 0."""
+    if len(rounds) == 1:
+        return rounds[0]
+    share, views = len(rounds[0].kept), len(rounds[0].ids) // len(rounds[0].kept)
+    places = [(r, q) for kept in (True, False) for r, round_ in enumerate(rounds) for q in range(share)
+              if bool(round_.kept[q]) == kept][:share]
+    rows = [(r, v * share + q) for v in range(views) for r, q in places]       # the originals, then the rephrasings
+    pick = lambda name: [getattr(rounds[r], name)[i] for r, i in rows]
+    return Round(pick("ids"), pick("groups"), pick("answers"), pick("gold"),
+                 None if rounds[0].labels is None else pick("labels"), torch.stack(pick("rewards")),
+                 torch.stack([rounds[r].kept[q] for r, q in places]))
 
 
 def teacher_answers_of(args, models, prompts, seeds, ids, views):
@@ -357,8 +417,8 @@ def train(args, resume_from, restart, inputs, rank, world_size, device):
     bar = tqdm(range(start + 1, args.steps + 1), disable=rank != 0, desc=args.method, initial=start, total=args.steps)
     try:
         for step in bar:
-            indices, mine = questions.take(args.questions_per_step, rank, world_size)
-            record = training_step(args, step, indices, mine, models, encode, step_cfg, device, world_size)
+            take = functools.partial(questions.take, args.questions_per_step, rank, world_size)
+            record = training_step(args, step, take, models, encode, step_cfg, device, world_size)
             log.write(record)
             show_step(step, record, bar, (collapse_watch, gap_watch), rank)
             if step % args.eval_every == 0 or step == args.steps:

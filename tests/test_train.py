@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -857,11 +858,12 @@ def test_a_model_folder_a_run_wrote_keeps_its_preset_and_a_checkpoint_becomes_on
 
 
 def test_the_zero_variance_filter_gives_the_groups_without_signal_no_weight(tmp_path):
-    """--group_filter zero_variance: the rows of each group whose rewards are all equal (zero advantages) get loss
-    weight 0, every other row 1, and groups_dropped is their share, zero_variance's; with none every weight is 1."""
+    """--group_filter zero_variance without a refill: the rows of each group whose rewards are all equal (zero
+    advantages) get loss weight 0, every other row 1, and groups_dropped is their share, zero_variance's; with none
+    every weight is 1."""
     for group_filter in ("zero_variance", "none"):
         run = run_in_process(tmp_path / group_filter, "coreward1", *SHORT, "--steps", "1", "--group_filter",
-                             group_filter)
+                             group_filter, "--refill_rounds", "0")
         assert run.error is None
         (call,), (record,) = run.steps, run.step_records
         flat = (call["advantages"] == 0).view(-1, G).all(-1)                          # [groups] no signal
@@ -871,6 +873,58 @@ def test_the_zero_variance_filter_gives_the_groups_without_signal_no_weight(tmp_
         else:
             assert 0 < flat.sum() < len(flat) and (kept == ~flat).all()
             assert record["groups_dropped"] == record["zero_variance"] == flat.float().mean().item()
+
+
+REFILL = [*SHORT, "--backend", "hf", "--eval_limit", "1", "--group_filter", "zero_variance"]
+
+
+def test_the_refill_samples_more_questions_until_each_has_a_signal(tmp_path, monkeypatch):
+    """gt at G=4 from the classroom start: about 4 in 10 of its groups are all wrong. The first step takes more rounds
+    of 8 questions (seeded: each round's requests differ) until it holds 8 questions with a signal, and trains on
+    those: every group has non-zero advantages and weight 1, 8 x 4 rows."""
+    asked = []
+    real = train.sample_and_reward
+    monkeypatch.setattr(train, "sample_and_reward", lambda *a: asked.append(a[3]) or real(*a))
+    run = run_in_process(tmp_path / "run", "gt", *REFILL, "--steps", "1")
+    assert run.error is None, run.error
+    (call,), (record,) = run.steps, run.step_records
+    assert record["rounds"] == len(asked) >= 2 and record["groups_dropped"] == 0
+    assert len(set(sum(asked, []))) == PAIRS * len(asked)             # each round, other questions
+    assert len(call["advantages"]) == PAIRS * G and (call["weight"] == 1).all()
+    assert not (call["advantages"] == 0).view(-1, G).all(-1).any()
+
+
+def test_when_the_refill_rounds_run_out_the_step_trains_on_what_it_has(tmp_path, capsys):
+    """gt at G=2 with one refill round: two rounds of 8 questions hold fewer than 8 with a signal (most pairs of
+    responses agree). The step says so in one line (in run.log too), trains on those and on enough others, at loss
+    weight 0, to fill its 8 questions, and the run goes on."""
+    run = run_in_process(tmp_path / "run", "gt", *REFILL, "--group_size", "2", "--refill_rounds", "1")
+    assert run.error is None, run.error
+    printed = capsys.readouterr().out
+    spent = re.findall(r"step (\d): a rank is (\d) question\(s\) short of its 8 with a signal after 2 rounds "
+                       r"\(--refill_rounds 1 spent\); it trains on those it has, the others at loss weight 0", printed)
+    assert spent and all(r["rounds"] == 2 for r in run.step_records)
+    assert spent[0][0] in open(tmp_path / "run" / "run.log").read()
+    step, short = map(int, spent[0])
+    call = run.steps[step - 1]
+    dropped = (call["weight"].view(PAIRS, 2, -1).amax((1, 2)) == 0)
+    assert len(call["advantages"]) == PAIRS * 2 and int(dropped.sum()) == short
+    assert dropped[-short:].all()                                      # the questions with a signal first
+
+
+def test_a_resume_across_refilled_steps_is_bit_identical(tmp_path):
+    """3 steps of gt with refills, a checkpoint each step; the run resumed from its step-1 checkpoint (in a copy of its
+    folder holding that checkpoint alone) takes the same rounds and ends with the same weights, bit for bit."""
+    straight = run_in_process(tmp_path / "straight", "gt", *REFILL, "--steps", "3", "--save_every", "1",
+                              "--keep_last", "0")
+    assert straight.error is None and any(r["rounds"] > 1 for r in straight.step_records[1:])
+    copy = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "straight", copy, ignore=shutil.ignore_patterns("final", "step_2", "step_3"))
+    resumed = run_in_process(copy, "gt", "--resume")
+    assert resumed.error is None, resumed.error
+    assert [r["rounds"] for r in resumed.step_records] == [r["rounds"] for r in straight.step_records]
+    assert open(copy / "final" / "model.safetensors", "rb").read() == \
+        open(tmp_path / "straight" / "final" / "model.safetensors", "rb").read()
 
 
 def test_an_epochs_leftover_questions_are_left_out_and_the_next_epoch_shuffles_them_all():
