@@ -62,8 +62,9 @@ def pass_ks(k):
 
 
 def eval_counts(engine, prompt_ids, gold, k=CLASSROOM["eval_k"], temperature=CLASSROOM["eval_temperature"],
-                max_tokens=CLASSROOM["max_response_len"], seed=CLASSROOM["seed"], indices=None, keep=0):
-    """(sums, examples) over this share of the questions: sums, not means, so that ranks' shares add up.
+                max_tokens=CLASSROOM["max_response_len"], seed=CLASSROOM["seed"], indices=None, keep=0, tally=None):
+    """(sums, examples) over this share of the questions: sums, not means, so that ranks' shares add up; `tally`, a
+    list, gets each question's [right ones of the k samples, greedy right (0/1)] (eval.py --per_question).
     sums: {"n", "greedy", "avg", "maj", "boxed"} and, when k > 0, "pass" (pass@k: any of the k is right) and "pass@j"
     for j in pass_ks(k), each the sum over questions of pass_at_k(k, right ones, j). examples: the first `keep`
     questions' greedy response and first sample, with answer, gold and 0/1 reward (train.py writes samples.jsonl).
@@ -85,6 +86,8 @@ def eval_counts(engine, prompt_ids, gold, k=CLASSROOM["eval_k"], temperature=CLA
         sums["greedy"] += is_equiv(first, answer)
         sums["boxed"] += sum(a is not None for a in [first] + answers)
         right = sum(is_equiv(a, answer) for a in answers)
+        if tally is not None:
+            tally.append([right, int(is_equiv(first, answer))])
         sums["avg"] += right / max(k, 1)
         sums["maj"] += bool(answers) and is_equiv(majority_vote(answers), answer)
         if k:
@@ -180,6 +183,8 @@ def parse_args(argv=None):
     ap.add_argument("--gpu_memory_utilization", type=float, default=0.9,
                     help="the share of the GPU vLLM takes: eval.py is alone on it")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--per_question", action="store_true",
+                    help="results.json also holds each question's [right ones of the k samples, greedy right]")
     ap.add_argument("--paper", action="store_true",
                     help="the paper's metrics: math500, gsm8k and amc, k 8, temperature 0.8, 3072 tokens, "
                          "beside its Table 8")
@@ -239,9 +244,12 @@ def evaluate_model(model_dir, args):
     results = {}
     for name, (prompts, gold) in sets.items():
         t0 = time.perf_counter()
-        sums, _ = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens, args.seed)
+        tally = [] if args.per_question else None
+        sums, _ = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens, args.seed, tally=tally)
         results[name] = {"n": len(gold), **accuracies(sums, args.k), "seconds": round(time.perf_counter() - t0, 1)}
-        print(f"{name}: {results[name]}")
+        if tally is not None:
+            results[name]["per_question"] = tally
+        print(f"{name}: {({k: v for k, v in results[name].items() if k != 'per_question'})}")
     engine.close()
     return results
 

@@ -96,6 +96,16 @@ def command(path, method, seed, steps, extra):
     return base + ["--method", method, "--seed", str(seed), "--steps", str(steps), "--overwrite", *extra]
 
 
+def evaluation(path, seed, k):
+    """The eval.py command that evaluates a finished run's final model with k samples a question (its own seed's
+    evaluation streams), each question's counts into RUN/eval/results.json (study/review.py reads them); None when
+    there is nothing to do."""
+    if plan(path) != "skip" or os.path.exists(os.path.join(path, "eval", "results.json")):
+        return None
+    return [sys.executable, os.path.join(ROOT, "eval.py"), "--model", os.path.join(path, "final"), "--k", str(k),
+            "--seed", str(seed), "--per_question", "--out", os.path.join(path, "eval")]
+
+
 def first_warning(records):
     """The step at which the collapse warning (harness/watches.py) first fired in a run (replayed from its
     metrics, so runs logged before a rule existed are judged by today's rules), or None."""
@@ -140,6 +150,9 @@ def main(argv=None):
     ap.add_argument("--label", type=label_arg, default=None,
                     help="runs go to OUT/runs/METHOD-LABEL_sSEED: a variant of each method (its own row and line), "
                          "made with the flags after --; letters, digits and dots")
+    ap.add_argument("--eval_k", type=int, default=0,
+                    help="after each run, evaluate its final model with this many samples a question, each "
+                         "question's counts kept (RUN/eval/results.json, for study/review.py); 0: none")
     ap.add_argument("--plot-only", action="store_true",
                     help="draw and tabulate what every run in OUT/runs has logged; run nothing")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags for every train.py run")
@@ -156,9 +169,11 @@ def main(argv=None):
                 cmd = command(path, method, seed, args.steps, extra)
                 if cmd is None:
                     print(f"{name} seed {seed}: finished, skipped")
-                    continue
-                print(f"{name} seed {seed}: {plan(path)} -> {' '.join(cmd[1:])}", flush=True)
-                subprocess.run(cmd, check=True)
+                else:
+                    print(f"{name} seed {seed}: {plan(path)} -> {' '.join(cmd[1:])}", flush=True)
+                    subprocess.run(cmd, check=True)
+                if args.eval_k and evaluation(path, seed, args.eval_k):
+                    subprocess.run(evaluation(path, seed, args.eval_k), check=True)
     logged, runs = logged_runs(args.out)
     if not logged:
         sys.exit(f"no run in {args.out} has logged anything yet")
