@@ -21,6 +21,11 @@ label source, LABEL_SOURCES):
                                closest rival of Co-rewarding-I, `self_harmony`; `harmonic_vote`)
     a coin                     no one: a fair coin per response, seeded by its group (run seed, step, question, view),
                                blind to the answer (`random`, the control of Spurious Rewards, Shao et al. 2025)
+    a wrong answer             the gold answer plus one: a label consistently wrong (`wrong_label`, a control)
+
+Two more controls keep Co-rewarding-I's labels and break their link to the responses, at its reward rate:
+`matched_coin` gives each response a coin that lands 1 at the step's share of coreward1's rewards, `permuted` shuffles
+coreward1's rewards over the step's responses (both seeded by the groups' coin seeds).
 
 A vote over both views takes the original's answers first, then the rephrasing's, for either group, so that the tie
 rule (majority_vote, harness/answers.py: the class whose first member came first) gives the two groups one label.
@@ -33,8 +38,8 @@ A step's groups come as one flat list: [0, P) the original questions and, when t
 `twin(i) = (i + P) mod 2P`. The other methods train on the originals only by default, as the official scripts do;
 with both views they treat the two as independent questions. The teacher's groups come in the order of its prompts.
 
-A new reward is one function beside `agreement` (answers, labels, voters -> rewards) or beside `self_certainty`
-(log-probs over the vocabulary -> a value per token), and one row of the table.
+A new reward is one function beside `agreement` (of answers, labels, voters and the groups' coin seeds, those it
+names -> rewards) or beside `self_certainty` (log-probs over the vocabulary -> a value per token), and a row.
 
 Departure from the official code: answers are compared and voted on as mathematics (harness/answers.py), not as
 strings, so "\\frac12", "0.5" and "1/2" are one answer; the official reward managers vote on the strings and reward a
@@ -62,6 +67,22 @@ def rewards_for(answers, labels):
     """[groups][G] rewards in {0, 1}: 1 when the answer equals the group's label."""
     return [[float(label is not None and a is not None and is_equiv(a, label)) for a in group]
             for group, label in zip(answers, labels)]
+
+
+def matched_coin(answers, labels, seeds):
+    """[groups][G] rewards in {0, 1}: a coin per response that lands 1 at the share of the step's responses that
+    agree with their labels, from its group's coin seed: the label's reward rate, blind to the answer."""
+    rate = sum(map(sum, rewards_for(answers, labels))) / sum(map(len, answers))
+    return [(torch.rand(len(group), generator=torch.Generator().manual_seed(seed)) < rate).float().tolist()
+            for group, seed in zip(answers, seeds)]
+
+
+def permuted(answers, labels, seeds):
+    """[groups][G] the step's agreement rewards, shuffled over all its responses (seeded by its first group's coin
+    seed): each response gets another's."""
+    flat = torch.tensor(rewards_for(answers, labels)).flatten()
+    order = torch.randperm(len(flat), generator=torch.Generator().manual_seed(seeds[0]))
+    return flat[order].view(len(answers), -1).tolist()
 
 
 def coin_flip(answers, labels, voters):
@@ -100,7 +121,8 @@ def harmonic_vote(voters):
 
 @dataclasses.dataclass(frozen=True)
 class LabelSource:
-    voters: str            # "gold", "policy" or "teacher"; "coin": the group's coin seed votes, and it has no label
+    voters: str            # "gold", "policy", "teacher" or "wrong" (wrong_answer of the gold); "coin": the group's coin
+                           # seed votes, and it has no label
     views: str             # which views vote: its "own", its twin's ("other") or "both" (original's, then rephrasing's)
     vote: Callable = majority_vote     # the voters' answers -> the label
 
@@ -114,7 +136,13 @@ LABEL_SOURCES = {
     "teacher's vote":            LabelSource("teacher", "own"),
     "teacher's other-view vote": LabelSource("teacher", "other"),
     "a coin":                    LabelSource("coin", "own"),
+    "a wrong answer":            LabelSource("wrong", "own"),
 }
+
+
+def wrong_answer(gold):
+    """A wrong label for a gold answer: its value plus one, as text ('7' -> '8', '\\frac12' -> '(\\frac12)+1')."""
+    return str(int(gold) + 1) if gold.lstrip("-").isdigit() else f"({gold})+1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +153,8 @@ class Method:
     teacher: str | None    # what the teacher answers (--teacher_prompts): the "same" prompts, or "rephrased"; None
     kl_anchor: str         # the KL term's reference: the frozen "start" model, or the EMA "teacher"
     kl_coef: float | None  # β of the KL term (--kl_coef); None: the preset's
-    reward: Callable       # labels: (answers, labels, voters) -> [groups][G]; none: (logp_all [c, V]) -> [c]
+    reward: Callable       # labels: (answers, labels, voters, seeds: those it names) -> [groups][G]; none: (logp_all
+                           # [c, V]) -> [c]
 
     def __post_init__(self):
         source = LABEL_SOURCES.get(self.labels) if self.labels is not None else None
@@ -167,6 +196,9 @@ METHOD_TABLE = [
     ("coreward1_union",     "both views' vote",          "both",     None,        "start",   None,  agreement),
     ("random",              "a coin",                    "original", None,        "start",   None,  coin_flip),
     ("self_harmony",        "both views' harmony",       "both",     None,        "start",   None,  agreement),
+    ("matched_coin",        "other view's vote",         "both",     None,        "start",   None,  matched_coin),
+    ("permuted",            "other view's vote",         "both",     None,        "start",   None,  permuted),
+    ("wrong_label",         "a wrong answer",            "original", None,        "start",   None,  agreement),
 ]
 METHODS = {name: Method(name, *facts) for name, *facts in METHOD_TABLE}
 
@@ -210,7 +242,8 @@ def label_groups(method, answers, ground_truth, teacher_answers=None, coin_seeds
     if source.voters == "coin" and (coin_seeds is None or len(coin_seeds) != n):
         raise ValueError(f"{method} needs a coin seed for each of the {n} groups")
     voters = {"gold": [[g] for g in ground_truth], "policy": answers, "teacher": teacher_answers,
-              "coin": [[seed] for seed in coin_seeds or []]}[source.voters]
+              "coin": [[seed] for seed in coin_seeds or []],
+              "wrong": [[wrong_answer(g)] for g in ground_truth]}[source.voters]
     if source.views == "other":
         voters = [voters[twin(i, n)] for i in range(n)]   # the other view's answers
     elif source.views == "both":                          # the original's answers, then the rephrasing's: one label

@@ -181,8 +181,9 @@ def sample_and_reward(args, step, round_, indices, questions, models, encode, st
         labels, rewards = None, score_responses(models.policy, batch, step_cfg, method.reward).cpu()
         rewards = rewards.view(len(groups), args.group_size)
     else:
-        labels, voters = label_groups(args.method, answers, gold, teacher_answers, coin_seeds=seeds("reward", views))
-        rewards = torch.tensor(method.reward(answers, labels, voters))           # [views x P, G]
+        coins = seeds("reward", views)                                            # [groups] the controls' seeds
+        labels, voters = label_groups(args.method, answers, gold, teacher_answers, coin_seeds=coins)
+        rewards = torch.tensor(grpo.call(method.reward, answers=answers, labels=labels, voters=voters, seeds=coins))
     lengths = torch.tensor([[len(s.token_ids) for s in g] for g in groups], dtype=torch.float)
     keep = grpo.shape_and_filter(rewards, lengths, torch.tensor([[not s.finished for s in g] for g in groups]),
                                  step_cfg)[2]

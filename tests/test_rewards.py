@@ -238,3 +238,24 @@ def test_self_harmony_labels_both_views_by_the_harmonic_mean_of_their_shares_by_
     # one class as mathematics (0.5, 1/2, 2/4): 1/2 and 1/4 -> 1/3; 'x' 1/4 and 1/2 -> 1/3; the tie to the earlier
     assert harmonic_vote(["1", "0.5", "1/2", "x"] + ["2/4", "x", "x", None]) == "0.5"
     assert rewards.METHODS["self_harmony"].two_view                     # J(q) + J(q'), as coreward1
+
+
+def test_the_matched_controls_keep_coreward1s_reward_rate_and_break_its_link_to_the_answers():
+    """matched_coin and permuted label as coreward1 does (the other view's vote), then: permuted gives the step's
+    agreement rewards shuffled over its responses (the same multiset: 2 of 16 here), seeded; matched_coin a coin per
+    response at that rate, 2/16, from each group's seed (over 400 groups of 8 its share is within 0.05 of the rate).
+    wrong_label labels each question with its gold answer plus one: '5' -> '6', and no response that is right wins."""
+    from rewards import METHODS, label_groups, matched_coin, permuted, rewards_for, wrong_answer
+    labels, _ = label_groups("permuted", ANSWERS, GOLD)
+    assert labels == labels_for("coreward1", ANSWERS, GOLD) == ["5", "7", "3", "8"]
+    agree = rewards_for(ANSWERS, labels)
+    assert sum(map(sum, agree)) == 2                 # q1: one 7; q0': one 3
+    shuffled = permuted(ANSWERS, labels, [3, 4, 5, 6])
+    assert sorted(sum(shuffled, [])) == sorted(sum(agree, [])) and shuffled != agree
+    assert shuffled == permuted(ANSWERS, labels, [3, 9, 9, 9]) != permuted(ANSWERS, labels, [4, 4, 5, 6])
+    many = matched_coin([["1"] * 8] * 400, ["1"] * 100 + ["2"] * 300, list(range(400)))      # rate 1/4
+    assert abs(sum(map(sum, many)) / 3200 - 0.25) < 0.05
+    assert METHODS["matched_coin"].two_view and METHODS["permuted"].two_view
+    assert [wrong_answer(g) for g in ("5", "-3", "\\frac12")] == ["6", "-2", "(\\frac12)+1"]
+    labels, voters = label_groups("wrong_label", [["5", "6", None, "6"]], ["5"])
+    assert labels == ["6"] and METHODS["wrong_label"].reward([["5", "6", None, "6"]], labels, voters) == [[0, 1, 0, 1]]
