@@ -36,7 +36,8 @@ PASS_KS = (1, 2, 4, 8, 16, 32, 64)
 # The tables: (title, the row each is compared with, the rows, a column of the runs' metrics to show beside).
 TABLES = [
     ("Methods and controls, lr 1e-4, one update a step: each against the start model", "start",
-     ["gt", "majority", "coreward1", "coreward2", "self_harmony", "random"], None),
+     ["gt", "majority", "coreward1", "coreward2", "self_harmony", "random", "matched_coin", "permuted", "wrong_label"],
+     None),
     ("The loss family off-policy (4 updates a step: the clip binds), Co-rewarding-I: each against the official loss",
      "coreward1-mb4", ["coreward1-mb4", "coreward1-mb4.cliphigh", "coreward1-mb4.gspo", "coreward1-mb4.cispo",
                        "coreward1-mb4.drgrpo", "coreward1-mb4.tokenmean"], "clip_frac"),
