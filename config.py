@@ -481,6 +481,17 @@ def check_settings(args, world_size):
                f"--group_size {args.group_size})")
 
 
+def check_gpus(ranks_here, by_torchrun):
+    """Each rank on a node with GPUs takes one of them (LOCAL_RANK): more ranks than the node shows is refused here,
+    not met as CUDA's "invalid device ordinal" in each extra rank. A node without GPUs runs any number (on the CPU)."""
+    import torch
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible and ranks_here > visible:
+        asked = f"torchrun started {ranks_here} ranks on this node" if by_torchrun else f"--ranks {ranks_here}"
+        refuse(f"{asked}, but this node shows {visible} GPU(s) (CUDA_VISIBLE_DEVICES="
+               f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one rank a GPU, so give at most {visible}")
+
+
 def settings(args):
     """(settings, the checkpoint to resume or None): the parsed flags, or the checkpoint's (resume_settings), checked
     for the world train.py was started in."""
@@ -494,6 +505,7 @@ def settings(args):
         refuse(f"--ranks {args.ranks}: this run was started with {started} ranks (by torchrun); drop --ranks or give "
                f"{started}")
     check_settings(args, args.ranks or started or 1)
+    check_gpus(args.ranks or int(os.environ.get("LOCAL_WORLD_SIZE", 0)), bool(started))
     args.backend, why = choose_backend(args.backend)       # a resumed run's: the engine it took
     if resume is None:
         args.backend_reason = why

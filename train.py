@@ -386,6 +386,7 @@ def train(args, resume_from, restart, inputs, rank, world_size, device):
     """Build the models, then the loop: a step, its record, an evaluation every --eval_every steps, a checkpoint every
     --save_every and at a stop signal. Returns STOPPED after a stop, else None."""
     model_dir, tokenizer, encode, pairs, fingerprints, eval_set, noise = inputs
+    began = time.perf_counter()
     models = build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
     # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the world
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
@@ -431,6 +432,8 @@ def train(args, resume_from, restart, inputs, rank, world_size, device):
                 break
         if not stopped:
             checkpoint.save_final(models.policy, model_dir, tokenizer, args.out, rank, args.preset)
+            if rank == 0 and (line := log.learned(args.eval_k, time.perf_counter() - began, start)):
+                print(line, flush=True)
     finally:
         signals.restore()
         log.wandb.finish()

@@ -443,11 +443,17 @@ def prompt_encoder(tokenizer, classroom=False, prompt="official"):
 
 
 def unknown_token_warning(tokenizer, prompts, what):
-    """A warning, or None, for the prompts (token ids) that hold the tokenizer's unknown token (unreadable words)."""
+    """A warning, or None, for the prompts (token ids) that hold the tokenizer's unknown token (unreadable words);
+    refused when every prompt holds it: a model that can read none of its questions has nothing to learn from."""
     unknown = getattr(tokenizer, "unk_token_id", None)
     hit = [p for p in prompts if unknown is not None and unknown in p]
     if not hit:
         return None
+    if len(hit) == len(prompts):
+        raise InputError(f"all {len(prompts)} {what} hold the tokenizer's unknown token {tokenizer.unk_token!r}, "
+                         f"e.g. {tokenizer.decode(hit[0])!r:.120}: the model cannot read its questions (the classroom "
+                         f"model reads only the classroom world's words); give --model a model that reads them, or "
+                         f"--data classroom")
     return (f"warning: {len(hit)} of {len(prompts)} {what} hold the tokenizer's unknown token "
             f"{tokenizer.unk_token!r} ({sum(p.count(unknown) for p in hit)} in all), words the model cannot read, e.g. "
             f"{tokenizer.decode(hit[0])!r:.200}; the classroom's tokenizer reads only the world's own words")

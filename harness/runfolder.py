@@ -152,6 +152,21 @@ class MetricsLog:
             f.writelines(line if line.endswith("\n") else line + "\n" for line, _ in kept)
         os.replace(self.path + ".tmp", self.path)
 
+    def learned(self, k, seconds, resumed_at=0):
+        """The run's closing line: each evaluated metric (avg@k, greedy, maj@k; greedy alone at k = 0) from the first
+        evaluation metrics.jsonl holds to the last, with the change, and this process's time; None with fewer than
+        two evaluations."""
+        evals = [record for record in map(json.loads, open(self.path)) if "eval_greedy" in record]
+        if len(evals) < 2:
+            return None
+        first, last = evals[0], evals[-1]
+        names = {"eval_acc": f"avg@{k}", "eval_greedy": "greedy", "eval_maj": f"maj@{k}"} if k else \
+            {"eval_greedy": "greedy"}
+        shown = [(name, round(first[key], 3), round(last[key], 3)) for key, name in names.items()]
+        since = f" since the resume at step {resumed_at}" if resumed_at else ""
+        return (f"learned over steps {first['step']}-{last['step']} ({seconds:.1f} s{since}): "
+                + ", ".join(f"{name} {a:.3f} -> {b:.3f} ({b - a:+.3f})" for name, a, b in shown))
+
     def write(self, record):
         if self.active:
             with open(self.path, "a") as f:

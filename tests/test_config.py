@@ -248,3 +248,22 @@ def test_one_clip_beside_a_rows_own_clips_is_refused(loss, flag):
     with pytest.raises(errors.UsageError, match=f"--policy_loss {loss} brings its own clips .*--clip_eps .*: give both "
                                                 f"--clip_eps and --clip_high, or neither, not {flag} alone"):
         config.parse_args(["--method", "gt", "--policy_loss", loss, flag, "0.2"])
+
+
+@pytest.mark.parametrize("launch, env, said", [
+    (["--ranks", "8"], {}, "--ranks 8, but this node shows 2 GPU(s)"),
+    ([], {"WORLD_SIZE": "16", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"},
+     "torchrun started 8 ranks on this node, but this node shows 2 GPU(s)"),
+], ids=["--ranks", "torchrun"])
+def test_more_ranks_than_the_node_has_gpus_is_one_line_naming_both(launch, env, said, tmp_path):
+    """On a node that shows 2 GPUs, 8 ranks a node are refused before anything starts, in one line with status 2 (not
+    CUDA's "invalid device ordinal" traceback in each extra rank). The GPUs are stood in for: torch.cuda says 2."""
+    code = ("import runpy, sys, torch; torch.cuda.is_available = lambda: True; torch.cuda.device_count = lambda: 2; "
+            f"sys.argv = ['train.py', '--method', 'gt', '--out', {str(tmp_path / 'out')!r}, *{launch!r}]; "
+            "runpy.run_path('train.py', run_name='__main__')")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1", **env})
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines() == [f"train.py: error: {said} (CUDA_VISIBLE_DEVICES=0,1): one rank a GPU, so "
+                                       f"give at most 2; nothing was run"]
+    assert not (tmp_path / "out").exists()

@@ -418,6 +418,23 @@ def test_prompts_the_tokenizer_cannot_read_are_counted_in_one_warning():
     assert warning.startswith("warning: 1 of 3 training prompts hold the tokenizer's unknown token '<unk>'")
 
 
+def test_a_model_that_reads_none_of_its_prompts_is_refused_in_one_line(tmp_path):
+    """The classroom model on real questions (every prompt holds its unknown token) is refused before anything runs,
+    in one line with status 2, with nothing in its --out but the folder's locks; it is not trained on prompts it cannot read."""
+    questions = tmp_path / "real.jsonl"
+    questions.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in [
+        ("Compute the integral of x squared from 0 to 3.", "9"), ("How many oranges are there?", "4")] * 16))
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--method", "gt", "--data", str(questions),
+                          "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines() == [
+        "train.py: error: all 32 training prompts hold the tokenizer's unknown token '<unk>', e.g. 'Question:<unk> "
+        "the<unk> of<unk><unk><unk> 0 to 3<unk>\\nAnswer:': the model cannot read its questions (the "
+        "classroom model reads only the classroom world's words); give --model a model that reads them, or --data "
+        "classroom"]
+    assert all(name.startswith(".") for name in os.listdir(tmp_path / "out"))      # the folder's locks alone
+
+
 # ------------------------------------------------------------------------ rephrasing
 
 def test_parse_rephrased_well_formed():

@@ -70,17 +70,29 @@ def masked(lines):
     return [re.sub(r"\(\d+\.\d s\)", "(T s)", line) for line in lines]
 
 
+LEARNED = re.compile(r"^learned over steps 0-(\d+) \(T s\): avg@8 (\S+) -> (\S+) \(\S+\), greedy (\S+) -> (\S+) "
+                     r"\(\S+\), maj@8 (\S+) -> (\S+) \(\S+\)$")     # the closing line, its time masked
+
+
 def within_margin(printed, shown):
     """`printed` with each evaluation after step 0 that is within MARGIN of `shown`'s line for its step replaced by
-    that line: equal to `shown` exactly when the run shows what the README shows, and otherwise the diff says where."""
+    that line, and the closing line too where its start is `shown`'s and its end within MARGIN: equal to `shown`
+    exactly when the run shows what the README shows, and otherwise the diff says where."""
     readme = {m.group(1): (line, m.groups()[1:]) for line in shown if (m := EVAL.match(line))}
+    closing = {m.group(1): (line, m.groups()[1:]) for line in shown if (m := LEARNED.match(line))}
+    near = lambda a, b, margin: round(abs(float(a) - float(b)), 3) <= margin    # the figures are printed to 3 decimals
     kept = []
     for line in printed:
         m = EVAL.match(line)
         if m and m.group(1) != "0" and m.group(1) in readme:
             theirs, figures = readme[m.group(1)]
-            if all(round(abs(float(a) - float(b)), 3) <= margin       # the figures are printed to 3 decimals
-                   for a, b, margin in zip(m.groups()[1:], figures, MARGIN.values())):
+            if all(near(a, b, margin) for a, b, margin in zip(m.groups()[1:], figures, MARGIN.values())):
+                line = theirs
+        m = LEARNED.match(line)
+        if m and m.group(1) in closing:
+            theirs, figures = closing[m.group(1)]
+            if m.groups()[1::2] == figures[::2] and all(
+                    near(a, b, margin) for a, b, margin in zip(m.groups()[2::2], figures[1::2], MARGIN.values())):
                 line = theirs
         kept.append(line)
     return kept
@@ -122,3 +134,10 @@ def test_the_margin_spares_only_the_later_evaluations_and_only_within_it():
                     ["a line", shown[1], "eval @ step 40: avg@8 0.248  greedy 0.430  maj@8 0.380"],  # another step
                     ["a line.", shown[1], shown[2]]):
         assert within_margin(printed, shown) != shown
+    closing = "learned over steps 0-60 (T s): avg@8 0.189 -> 0.297 (+0.108), greedy 0.345 -> 0.495 (+0.150), maj@8 " \
+              "0.335 -> 0.460 (+0.125)"
+    assert within_margin([closing.replace("0.297 (+0.108)", "0.310 (+0.121)")], [closing]) == [closing]
+    for printed in (closing.replace("0.297 (+0.108)", "0.320 (+0.131)"),         # past avg@8's margin
+                    closing.replace("avg@8 0.189", "avg@8 0.190"),                # the start: exact
+                    closing.replace("0-60", "0-40")):
+        assert within_margin([printed], [closing]) != [closing]
