@@ -12,6 +12,11 @@ import torch.distributed as dist
 from harness import checkpoint
 from harness.errors import GUARD_STOP, STOPPED, USAGE
 
+# After passing a stop signal on, how long the launcher waits for its ranks to finish their step and save before it
+# kills them: the longest seed step (4.4 minutes, GPUS.md), its evaluation and its save; GPUS.md's sbatch script
+# gives torchrun the same, within its 900 s signal lead. torchrun's own default, 30 s, loses a GPU node's step.
+SHUTDOWN_WAIT_S = 840
+
 
 def launch_ranks(ranks, program, argv, max_restarts=0, out=None):
     """Start `ranks` processes of `program argv` under torchrun's agent, in this process, and exit with the first failed
@@ -29,7 +34,7 @@ def launch_ranks(ranks, program, argv, max_restarts=0, out=None):
     name = os.path.basename(program)
     try:
         torchrun.run(torchrun.parse_args(["--standalone", f"--nproc_per_node={ranks}", f"--max-restarts={max_restarts}",
-                                          program, *argv]))
+                                          f"--shutdown-timeout={SHUTDOWN_WAIT_S}", program, *argv]))
     except ChildFailedError as failed:
         rank, first = failed.get_first_failure()
         if first.exitcode in (USAGE, GUARD_STOP, STOPPED):   # each said so in its own line

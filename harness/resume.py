@@ -16,14 +16,35 @@ RUN_ID = ".run.id"               # the launcher's id of the run that holds the f
 LATEST = "latest"                # the value of a bare --resume: the newest checkpoint in --out
 
 
+ARRIVALS = "nanocoreward/arrivals"     # the agents' store's count of the workers that started, over all attempts
+_arrivals = {}                        # this process's arrival, by store: taken once
+
+
+def workers_attempt():
+    """Which start of torchrun's workers this is (0: the first), the same on every rank of every node. Each agent
+    counts its own restarts (TORCHELASTIC_RESTART_COUNT), but not the one it makes when another node's agent comes
+    back (a membership change): after a node loses its worker, the two nodes' new workers hold different counts. The
+    agents' store, which every node's workers reach and which outlives their restarts, counts arrivals instead: each
+    start of W workers takes the next W, so attempt a holds arrivals aW + 1 to (a + 1)W. A launcher whose workers host
+    their own store (no TORCHELASTIC_USE_AGENT_STORE) keeps nothing between attempts: there the agent's count."""
+    env = os.environ.get
+    if env("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return int(env("TORCHELASTIC_RESTART_COUNT", 0))
+    where = (env("MASTER_ADDR"), int(env("MASTER_PORT")), env("TORCHELASTIC_RUN_ID"))
+    if where not in _arrivals:
+        store = dist.TCPStore(where[0], where[1], is_master=False)
+        _arrivals[where] = store.add(ARRIVALS, 1)
+    return (_arrivals[where] - 1) // int(env("WORLD_SIZE"))
+
+
 def attempt():
     """(the launcher's id of this run, this attempt's number, the restarts the launcher allows): torchrun's elastic
-    agent (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS) and Slurm (SLURM_JOB_ID, and
+    agent (TORCHELASTIC_RUN_ID, `workers_attempt`, TORCHELASTIC_MAX_RESTARTS) and Slurm (SLURM_JOB_ID, and
     SLURM_RESTART_COUNT for a requeued job), whose job id stays the run's across requeues. (None, 0, 0) outside both."""
     env = os.environ.get
     slurm, elastic = env("SLURM_JOB_ID"), env("TORCHELASTIC_RUN_ID")
     run_id = f"slurm job {slurm}" if slurm else f"torchrun {elastic}" if elastic else None
-    count = int(env("SLURM_RESTART_COUNT", 0) if slurm else 0) + int(env("TORCHELASTIC_RESTART_COUNT", 0))
+    count = int(env("SLURM_RESTART_COUNT", 0) if slurm else 0) + (workers_attempt() if elastic else 0)
     return run_id, count, int(env("TORCHELASTIC_MAX_RESTARTS", 0))
 
 
@@ -58,9 +79,9 @@ def restart_store():
     """The process group's store on a restart of torchrun's workers: {} on a first attempt (env://, as torchrun says).
     torchrun's agent hosts the store its workers share and keeps it across restarts, with the keys of the failed
     attempt's groups in it: a restart's new groups (vLLM's among them) have the same names and would read the dead
-    ranks' addresses. A restart's keys go under a prefix of its own."""
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    if not attempt or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    ranks' addresses. A restart's keys go under a prefix of its own, named by `workers_attempt`: every rank names
+    the same one, whichever node's agent counted the restart."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not (attempt := workers_attempt()):
         return {}
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
     return {"store": dist.PrefixStore(f"attempt_{attempt}/", store), "rank": int(os.environ["RANK"]),

@@ -67,3 +67,33 @@ def test_a_first_attempt_and_another_runs_folder_are_no_restart(tmp_path, monkey
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "other")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert resume.as_an_attempt(args) is None and args.overwrite and args.resume is None
+
+
+def test_every_rank_names_the_same_attempt_whatever_its_agents_count(monkeypatch):
+    """Two nodes, one worker each, sharing the agents' store (a real TCPStore here). Node B's worker dies; B's agent
+    restarts it as its restart 1, and A's agent restarts its own for the membership change, which it does not count
+    (TORCHELASTIC_RESTART_COUNT 0). Both new workers take attempt 1, and the process group's keys of attempt 1 (the
+    same prefix); both see a restart of the run (as_an_attempt's count), not a second run on its folder."""
+    import torch.distributed as dist
+    from test_resume import _free_port
+    port = _free_port()
+    host = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)      # the agents' store
+    for name, value in {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                        "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "two-nodes", "TORCHELASTIC_MAX_RESTARTS": "1"}.items():
+        monkeypatch.setenv(name, value)
+
+    def worker(rank, agents_count):
+        """A new worker process: its own arrival, under the count its agent gives it."""
+        monkeypatch.setattr(resume, "_arrivals", {})
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(agents_count))
+        store = resume.restart_store()
+        return resume.attempt()[1], store and store["store"]
+
+    first = [worker(0, 0), worker(1, 0)]
+    assert [count for count, _ in first] == [0, 0] and [store for _, store in first] == [{}, {}]
+    restarted = [worker(1, 1), worker(0, 0)]                       # B's counted restart, then A's uncounted one
+    assert [count for count, _ in restarted] == [1, 1]
+    restarted[0][1].set("key", "from rank 1")
+    assert restarted[1][1].get("key") == b"from rank 1"            # one prefix: attempt_1/
+    assert host.num_keys() == 2                                    # the arrivals, and that key

@@ -366,6 +366,31 @@ def test_two_nodes_restart_a_run_that_lost_a_rank_and_it_ends_as_the_uninterrupt
     assert_same_run(out, uninterrupted("coreward1", 2))
 
 
+@pytest.mark.slow
+def test_two_nodes_go_on_by_themselves_when_a_node_loses_its_worker_mid_step(tmp_path, uninterrupted):
+    """Two torchrun agents on 127.0.0.1 as two nodes (--max-restarts 1). Rank 1 is SIGKILLed at the start of step 3
+    while rank 0 is in that step away from any collective (it holds there 20 s, as a rollout does): node B's agent
+    restarts its worker (its restart 1), node A's restarts its own for the membership change without counting it.
+    Both new workers name one attempt (the agents' store counts their arrivals), so they form one process group, take
+    the run for a restart, continue from step 2, and end as the uninterrupted 2-rank run; run.log says so."""
+    out, port = str(tmp_path / "two-nodes"), _free_port()
+    env = {"KILL_RANK": "1", "KILL_AT": "step:3", "HOLD_S": "20", "OMP_NUM_THREADS": str(max(1, THREADS // 2))}
+    agent = ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+             f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=two-nodes", "--max-restarts=1", *KILLED]
+    nodes = [start(out, 1, "--method", "coreward1", *FLAGS, env=env, program=agent) for _ in range(2)]
+    try:
+        codes = [node.wait(timeout=600) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    log = open(f"{out}.log").read()
+    assert codes == [0, 0] and "rank 0 holds at step 3" in log and "rank 1 killed at step 3" in log, log[-4000:]
+    assert f"restart 1 of 1 of torchrun two-nodes: continued from {out}/checkpoints/step_2" in \
+        open(os.path.join(out, "run.log")).read()
+    assert_same_run(out, uninterrupted("coreward1", 2))
+
+
 # --------------------------------------------------------------------------------------------
 # What --resume refuses, before any compute
 
