@@ -87,7 +87,8 @@ def main():
         per_step = step_seconds(args.model, flags, tmp)
         init_distributed()
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        settings = vars(config.parse_args(["--method", "coreward1", *(["--model", args.model] if args.model else [])]))
+        settings = config.config_of(config.parse_args(["--method", "coreward1",
+                                                       *(["--model", args.model] if args.model else [])]))
         n_params = sum(p.numel() for p in models(model_dir, False)[0].parameters())
         print(f"{model_dir}: {n_params / 1e6:.1f}M parameters; a training step takes {per_step:.2f} s "
               f"({' '.join(flags)}); --save_every {save_every}")

@@ -10,6 +10,7 @@ import glob
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -89,6 +90,83 @@ def test_the_documents_give_commands():
     given = {" ".join(words) for _, words, _ in COMMANDS}
     assert {"python train.py --method coreward1", "python classroom/check_reward.py"} <= given
     assert {"train.py", "eval.py", "study/study.py", "study/plot.py", "tools/smollm.py"} <= set(SCRIPTS)
+
+
+# The programs the documents' commands start that no Python package installs, each with where it comes from; every
+# other program a command starts must be among the environment's scripts (the venv's bin/).
+SYSTEM_TOOLS = {"bash": "the shell", "apt-get": "Debian's and Ubuntu's package manager",
+                "srun": "Slurm, on a cluster", "sbatch": "Slurm, on a cluster", "scontrol": "Slurm, on a cluster",
+                "nvidia-smi": "the NVIDIA driver", "mkdir": "coreutils", "cp": "coreutils",
+                "cat": "coreutils", "head": "coreutils"}
+SHELL_WORDS = {".", "[", "[[", "cd", "echo", "exit", "export", "kill", "source", "set", "if", "then", "else", "elif",
+               "fi", "do", "done", "while", "until", "for", "case", "esac", "!"}
+LAUNCHING = ("srun", "sudo")                       # their program comes after their own flags
+# inline code that starts with a word and more, but is no command: Python, and what a run prints
+NOT_COMMANDS = {"import", "eval", "views", "wrong", "within"}
+
+
+def programs_of(command):
+    """The programs a shell command starts: the first word of each part (`&&`, `||`, `;`, `|`), environment
+    assignments and shell keywords before it aside, a `for` header skipped; a launcher's program too; `$(...)` a
+    command of its own. Quoted strings are read as words, a comment as nothing."""
+    inner = re.findall(r"\$\(([^()]*)\)", command)
+    command = re.sub(r"\"[^\"]*\"|'[^']*'", "Q", re.sub(r"\$\([^()]*\)", "Q", command), flags=re.S)
+    found = [p for sub in inner for p in programs_of(sub)]
+    for line in command.splitlines():
+        line = "" if line.lstrip().startswith("#") else line.split(" #")[0]
+        for part in re.split(r"&&|\|\||;|\|", line):
+            words = part.split()
+            while words and (re.fullmatch(r"[A-Za-z_]\w*=\S*", words[0]) or words[0] in ("if", "then", "do", "else",
+                                                                                        "elif", "while", "!")):
+                words = words[1:]
+            if not words or words[0] == "for":
+                continue
+            found.append(words[0])
+            if words[0] in LAUNCHING:
+                found += [w for w in words[1:] if not w.startswith("-")][:1]
+    return found
+
+
+def documented_programs():
+    """{program: the first (document, its line) that starts it}: every document's bash blocks, each heredoc's body
+    aside, and their inline code spans that read as a command (two words or more, the first a program's name)."""
+    from test_figures import documents
+    found = {}
+    for doc in documents():
+        text = open(os.path.join(ROOT, doc)).read()
+        blocks = [re.sub(r"<<-?'?(\w+)'?([^\n]*)\n.*?\n\1\n", r"\2\n", block.replace("\\\n", " "), flags=re.S)
+                  for block in re.findall(r"```bash\n(.*?)```", text, re.S)]
+        spans = [span for span in re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+                 if re.fullmatch(r"(?:[A-Za-z_]\w*=\S* )*([a-z][\w+-]*) \S.*", span)
+                 and span.split()[0] not in NOT_COMMANDS]
+        for command in blocks + spans:
+            for program in programs_of(command):
+                line = next((line for line in command.splitlines() if program in line.split()), command)
+                found.setdefault(program, (doc, line.strip()[:100]))
+    return found
+
+
+def test_each_documented_program_is_installed():
+    """Every program the documents' commands start is a shell word, a system tool (SYSTEM_TOOLS, with its reason), or
+    among the scripts of the environment the install made, so that a command naming a program no package here
+    installs (`huggingface-cli`, which huggingface_hub no longer ships: `hf`) fails here."""
+    import sysconfig
+    scripts = sysconfig.get_path("scripts")
+    found = documented_programs()
+    assert {"python", "pip", "torchrun", "bash"} <= set(found), sorted(found)
+    missing = {program: where for program, where in found.items()
+               if program not in SHELL_WORDS | set(SYSTEM_TOOLS) and shutil.which(program, path=scripts) is None}
+    assert not missing, f"programs the documents run that are not in {scripts}: {missing}; name the program the " \
+        "install brings, or add a system tool to SYSTEM_TOOLS with where it comes from"
+
+
+def test_the_programs_of_a_command_are_read_as_the_shell_starts_them():
+    assert programs_of('OMP_NUM_THREADS=1 python train.py --out "a b" && hf download x | tee log; kill -9 1') == \
+        ["python", "hf", "tee", "kill"]
+    assert programs_of('srun --nodes=2 torchrun --rdzv_endpoint="$(scontrol show hostnames "$L" | head -n1):29500" '
+                       'x.py') == ["scontrol", "head", "srun", "torchrun"]
+    assert programs_of("# a comment\nfor m in a b; do python x.py; done\npython -c \"import x\nprint(1)\"") == \
+        ["python", "done", "python"]
 
 
 @functools.cache
@@ -181,3 +259,63 @@ def test_the_sbatch_script_requeues_a_run_that_stopped_before_its_end(tmp_path, 
     assert res.returncode == status, res.stderr
     calls = (tmp_path / "scontrol.calls").read_text() if (tmp_path / "scontrol.calls").exists() else ""
     assert calls == ("requeue 4242\n" if requeued else "")
+
+
+SCALE = 50      # the fake scheduler's clock: one of its seconds is 50 of the real node's
+
+
+def test_a_preemption_under_the_sbatch_script_saves_the_step_in_flight(tmp_path):
+    """GPUS.md's sbatch script under a fake Slurm whose clock runs SCALE times fast: srun runs the script's torchrun,
+    its own flags kept (the shutdown wait scaled, torchrun's default 30 s when the script gives none), on the classroom
+    world, where step 2 lasts the longest step GPUS.md gives (4.4 minutes, scaled). The scheduler's SIGTERM
+    (`--signal=TERM@LEAD`) lands in step 2, and LEAD seconds later the time limit kills what is left. torchrun passes
+    the signal on and waits: the step in flight ends, is saved as checkpoints/step_2, and the job is requeued. With
+    torchrun's default wait the worker is killed mid-step and step 2 is lost."""
+    import signal
+    import time
+    from harness import launch
+    lead = int(re.search(r"^#SBATCH --signal=TERM@(\d+)$", SBATCH, re.M).group(1))
+    assert f"--shutdown-timeout={launch.SHUTDOWN_WAIT_S} " in SBATCH           # torchrun waits as --ranks does
+    longest_step_s = 60 * max(float(m) for m in re.findall(r"steps of [0-9.]+–([0-9.]+) minutes",
+                                                          open(os.path.join(ROOT, "GPUS.md")).read()))
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text(f"""#!{sys.executable}
+import os, re, sys
+open("srun.pid", "w").write(str(os.getpid()))
+words = sys.argv[1:]
+cut = words.index("train.py")
+flags = " ".join(words[1:cut]).replace("--shutdown-timeout ", "--shutdown-timeout=")
+wait = int(re.search(r"--shutdown[-_]timeout=(\\d+)", flags).group(1)) if "--shutdown" in flags else 30
+restarts = re.search(r"--max-restarts=(\\d+)", flags).group(1)
+out = words[words.index("--out") + 1]
+os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+         f"--max-restarts={{restarts}}", f"--shutdown-timeout={{wait // {SCALE}}}",
+         {os.path.join(ROOT, "tests", "train_slow_step.py")!r}, "--method", "gt", "--steps", "3", "--save_every", "0",
+         "--questions_per_step", "4", "--group_size", "4", "--out", out])
+""")
+    (bin_ / "scontrol").write_text('#!/bin/bash\necho "$@" >> scontrol.calls\n')
+    for tool in ("srun", "scontrol"):
+        os.chmod(bin_ / tool, 0o755)
+    job = subprocess.Popen(["bash", "-c", SBATCH], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True,
+                           env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+                                "SLOW_STEP": "2", "SLOW_S": str(longest_step_s / SCALE), "OMP_NUM_THREADS": "1"})
+    printed = []
+    for line in job.stdout:                                 # until the step in flight begins
+        printed.append(line)
+        if "in step 2" in line:
+            break
+    else:
+        pytest.fail("the run never reached step 2:\n" + "".join(printed[-20:]))
+    os.kill(int((tmp_path / "srun.pid").read_text()), signal.SIGTERM)      # Slurm signals the job step's tasks
+    try:
+        rest, _ = job.communicate(timeout=lead / SCALE)
+    except subprocess.TimeoutExpired:                        # the time limit
+        os.killpg(job.pid, signal.SIGKILL)
+        rest, _ = job.communicate()
+        pytest.fail(f"the job outlived its time limit ({lead / SCALE:.0f} s after the signal):\n{rest[-3000:]}")
+    out = tmp_path / "runs" / "coreward1-Qwen3-4B-Base"
+    assert (out / "checkpoints" / "step_2").is_dir(), "".join(printed) + rest
+    assert not (out / "final").exists() and "stopped after step 2 of 3" in rest
+    assert (tmp_path / "scontrol.calls").read_text() == "requeue 4242\n"

@@ -52,3 +52,25 @@ def test_each_study_table_a_document_shows_is_a_committed_table_whole():
     stale = [(doc, table.splitlines()[2][:60]) for doc, table in shown if table not in committed]
     assert not stale, f"these documents show a study table that no committed table.md holds: {stale}; paste the " \
                       f"table.md of the study they describe (one of {sorted(committed.values())})"
+
+
+REVIEWED = os.path.join(ROOT, "study", "reviewed")
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(REVIEWED, "review.md")), reason="no reviewed study committed")
+def test_the_reviewed_study_redraws_its_statistics_from_its_committed_evaluations(tmp_path):
+    """study/review.py on the committed runs' final evaluations (RUN/eval/results.json), their metrics.jsonl and the
+    start model's evaluations writes the committed review.md (every interval and p-value, its bootstrap seeded) and
+    passk.png, pixel for pixel."""
+    import review
+    for path in glob.glob(os.path.join(REVIEWED, "runs", "*", "eval", "results.json")) + \
+            glob.glob(os.path.join(REVIEWED, "runs", "*", "metrics.jsonl")) + \
+            glob.glob(os.path.join(REVIEWED, "start", "*", "results.json")):
+        copy = tmp_path / os.path.relpath(path, REVIEWED)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, copy)
+    review.main([str(tmp_path)])
+    assert (tmp_path / "review.md").read_text() == open(os.path.join(REVIEWED, "review.md")).read()
+    redrawn, committed = (matplotlib.image.imread(p) for p in (tmp_path / "passk.png",
+                                                                os.path.join(REVIEWED, "passk.png")))
+    assert redrawn.shape == committed.shape and np.array_equal(redrawn, committed)
