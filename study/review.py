@@ -12,8 +12,8 @@ A row's score is avg@64 (right samples / 64, the mean over questions: pass@1 at 
 and greedy. A difference A - B is paired: over the seeds both rows ran, per seed and question. Its 95% interval is
 the 2.5th to 97.5th percentile of 10,000 bootstrap draws (seeded) that resample the seeds and the questions, both with
 replacement; its p-value twice the share of draws on the far side of 0 (at least 2 / 10,000). A claim holds where the
-interval excludes 0. The seeds' spread and the questions' both enter the interval: two rows whose seeds overlap may
-still differ, when they differ on the same questions seed by seed.
+interval excludes 0, over five seeds (fewer: pending). The seeds' spread and the questions' both enter the interval:
+two rows whose seeds overlap may still differ, when they differ on the same questions seed by seed.
 """
 import argparse
 import glob
@@ -31,6 +31,7 @@ sys.path.insert(0, ROOT)
 from eval import pass_at_k  # noqa: E402
 
 DRAWS = 10_000
+SEEDS = 5                # a difference is judged over five seeds both rows ran; fewer: pending
 K = 64
 PASS_KS = (1, 2, 4, 8, 16, 32, 64)
 # The tables: (title, the row each is compared with, the rows, a column of the runs' metrics to show beside).
@@ -38,7 +39,7 @@ TABLES = [
     ("Methods and controls, lr 1e-4, one update a step: each against the start model", "start",
      ["gt", "majority", "coreward1", "coreward2", "self_harmony", "random", "matched_coin", "permuted", "wrong_label"],
      None),
-    ("The loss family off-policy (4 updates a step: the clip binds), Co-rewarding-I: each against the official loss",
+    ("The loss family off-policy (4 updates a step), Co-rewarding-I: each against the official loss",
      "coreward1-mb4", ["coreward1-mb4", "coreward1-mb4.cliphigh", "coreward1-mb4.gspo", "coreward1-mb4.cispo",
                        "coreward1-mb4.drgrpo", "coreward1-mb4.tokenmean"], "clip_frac"),
     ("DAPO, whole and each part alone on the official loss (4 updates a step): each against the official loss",
@@ -102,7 +103,8 @@ def summary_row(name, runs, base, extra):
     common = sorted(set(runs) & set(base)) if base is not None else []
     if common:
         mean, low, high, p = bootstrap(np.stack([avg(runs[s]) - avg(base[s]) for s in common]))
-        verdict = "holds" if low > 0 or high < 0 else "not separated"
+        verdict = f"pending: {len(common)} of {SEEDS} seeds" if len(common) < SEEDS else \
+            "holds" if low > 0 or high < 0 else "not separated"
         cells += [f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]", f"{p:.4f}", verdict]
     else:
         cells += ["–", "–", "–"]
