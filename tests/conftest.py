@@ -37,7 +37,8 @@ def pytest_collection_modifyitems(config, items):
     """Puts the tests marked `first` first: the suite's longest, so that xdist's other worker runs the rest beside
     them instead of waiting on one at the end. Marks the quick tier (QUICK_FILES). Tests marked `vllm` start vLLM's
     engine or check what it samples: where vLLM is not installed (macOS; or tests/without_vllm on PYTHONPATH) they
-    are skipped, with the reason. Every other test runs either way."""
+    are skipped, with the reason. Every other test runs either way, but those marked `launcher` (restarts, signals,
+    the run folder's locks: no engine in what they check) run once in CI, in its pass with vLLM."""
     from config import VLLM_PLATFORMS, vllm_installed
     items.sort(key=lambda item: item.get_closest_marker("first") is None)      # stable: the rest keep their order
     for item in items:
@@ -49,9 +50,14 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason=f"needs vLLM, which is not installed here (requirements.txt installs it on "
                                    f"{VLLM_PLATFORMS})")
+    stood_in = sys.modules.get("vllm", "absent") is None        # tests/without_vllm: CI's second pass, after the first
+    again = pytest.mark.skip(reason="the launcher's and the signals' machinery, the same on either engine: CI's first "
+                                    "pass ran it (.ci/run)")
     for item in items:
         if item.get_closest_marker("vllm"):
             item.add_marker(skip)
+        elif stood_in and item.get_closest_marker("launcher"):
+            item.add_marker(again)
 
 
 @pytest.fixture(scope="session")

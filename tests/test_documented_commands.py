@@ -264,6 +264,7 @@ def test_the_sbatch_script_requeues_a_run_that_stopped_before_its_end(tmp_path, 
 SCALE = 50      # the fake scheduler's clock: one of its seconds is 50 of the real node's
 
 
+@pytest.mark.launcher
 def test_a_preemption_under_the_sbatch_script_saves_the_step_in_flight(tmp_path):
     """GPUS.md's sbatch script under a fake Slurm whose clock runs SCALE times fast: srun runs the script's torchrun,
     its own flags kept (the shutdown wait scaled, torchrun's default 30 s when the script gives none), on the classroom

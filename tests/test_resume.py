@@ -277,6 +277,7 @@ def test_a_second_signal_stops_a_run_blocked_in_a_step_at_once_and_it_resumes_to
     assert_same_run(out, uninterrupted("coreward1", 1))
 
 
+@pytest.mark.launcher
 def test_a_second_signal_to_the_launcher_stops_every_rank_at_once(tmp_path):
     """--ranks 2, Ctrl-C twice: the launcher alone gets them (its workers are in sessions of their own); it sends
     the first on, and on the second it sends SIGTERM, which stops each worker at once, rank 0 blocked in its C
@@ -309,6 +310,7 @@ def killed_run(out, at, attempts="first", torchrun=False, restarts=1):
 
 
 @pytest.mark.full
+@pytest.mark.launcher
 def test_torchrun_restarts_a_run_that_lost_a_rank_and_it_ends_as_the_uninterrupted_run(tmp_path, uninterrupted):
     """torchrun --max-restarts 1, rank 1 SIGKILLed right after the step-2 checkpoint of a 4-step run: torchrun starts
     the ranks again, the restart continues from step 2 with nothing typed (the folder's run id is its own), and the
@@ -323,6 +325,7 @@ def test_torchrun_restarts_a_run_that_lost_a_rank_and_it_ends_as_the_uninterrupt
 
 
 @pytest.mark.full
+@pytest.mark.launcher
 def test_a_restart_before_the_first_checkpoint_starts_the_run_afresh(tmp_path, uninterrupted):
     """train.py --ranks 2 --max_restarts 1, rank 1 killed at the start of step 1: no checkpoint yet, so the restart
     starts the run afresh over its first attempt's outputs, says so, and ends as the uninterrupted run."""
@@ -334,6 +337,7 @@ def test_a_restart_before_the_first_checkpoint_starts_the_run_afresh(tmp_path, u
 
 
 @pytest.mark.full
+@pytest.mark.launcher
 def test_spent_restarts_say_so_in_one_line_and_leave_the_folder_to_resume_by_hand(tmp_path):
     """Rank 1 killed at the start of step 3 in every attempt, one restart allowed: the restart continues from step 2
     and is killed again; the launcher says in one line that the restarts are spent and how to continue, and the

@@ -30,6 +30,7 @@ def launch(out, *flags, torchrun=False, log=None):
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.launcher
 def test_two_runs_started_on_one_folder_one_is_refused_and_the_others_metrics_are_whole(tmp_path):
     """The second comes within a second, with --overwrite, while the first still loads: the folder
     is locked before anything slow, so it is refused without deleting anything."""
@@ -58,6 +59,7 @@ def _worker(launcher_pid):
     raise AssertionError("no train.py worker under the launcher")
 
 
+@pytest.mark.launcher
 def test_a_worker_whose_launcher_is_killed_stops_and_keeps_a_resume_out(tmp_path):
     """kill -9 of torchrun at step 1 of 6 leaves its worker running. Until it ends, a --resume is
     refused (the worker is frozen meanwhile, so that it surely lives); then it finishes its step,

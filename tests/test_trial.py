@@ -19,6 +19,7 @@ def masked(lines):
     return [re.sub(r"\(\d+\.\d s\)", "(T s)", line) for line in lines]
 
 
+@pytest.mark.first
 @pytest.mark.vllm
 def test_the_trial_passes_on_a_cpu_and_prints_what_gpus_md_shows(tmp_path):
     res = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "trial.py"), "--out", str(tmp_path / "trial")],
