@@ -14,6 +14,8 @@ import argparse
 import os
 import sys
 
+import torch
+
 from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, LOSS_AGGS, OVERLONGS, POLICY_LOSS_SETTINGS, POLICY_LOSS_TABLE,
                   ROLLOUT_CORRECTIONS)
 from harness import checkpoint
@@ -484,7 +486,6 @@ def check_settings(args, world_size):
 def check_gpus(ranks_here, by_torchrun):
     """Each rank on a node with GPUs takes one of them (LOCAL_RANK): more ranks than the node shows is refused here,
     not met as CUDA's "invalid device ordinal" in each extra rank. A node without GPUs runs any number (on the CPU)."""
-    import torch
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if visible and ranks_here > visible:
         asked = f"torchrun started {ranks_here} ranks on this node" if by_torchrun else f"--ranks {ranks_here}"

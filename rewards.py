@@ -24,8 +24,8 @@ label source, LABEL_SOURCES):
     a wrong answer             the gold answer plus one: a label consistently wrong (`wrong_label`, a control)
 
 Two more controls keep Co-rewarding-I's labels and break their link to the responses, at its reward rate:
-`matched_coin` gives each response a coin that lands 1 at the step's share of coreward1's rewards, `permuted` shuffles
-coreward1's rewards over the step's responses (both seeded by the groups' coin seeds).
+`matched_coin` gives each response a coin that lands 1 at the share of coreward1's rewards, `permuted` shuffles
+coreward1's rewards over the responses (both over a rank's groups of the step, seeded by their coin seeds).
 
 A vote over both views takes the original's answers first, then the rephrasing's, for either group, so that the tie
 rule (majority_vote, harness/answers.py: the class whose first member came first) gives the two groups one label.
@@ -70,16 +70,17 @@ def rewards_for(answers, labels):
 
 
 def matched_coin(answers, labels, seeds):
-    """[groups][G] rewards in {0, 1}: a coin per response that lands 1 at the share of the step's responses that
-    agree with their labels, from its group's coin seed: the label's reward rate, blind to the answer."""
+    """[groups][G] rewards in {0, 1}: a coin per response that lands 1 at the share of the given responses (this
+    rank's groups of the step) that agree with their labels, from its group's coin seed: the label's reward rate,
+    blind to the answer."""
     rate = sum(map(sum, rewards_for(answers, labels))) / sum(map(len, answers))
     return [(torch.rand(len(group), generator=torch.Generator().manual_seed(seed)) < rate).float().tolist()
             for group, seed in zip(answers, seeds)]
 
 
 def permuted(answers, labels, seeds):
-    """[groups][G] the step's agreement rewards, shuffled over all its responses (seeded by its first group's coin
-    seed): each response gets another's."""
+    """[groups][G] the agreement rewards of the given groups (this rank's of the step), shuffled over their
+    responses (seeded by the first group's coin seed): each response gets another's."""
     flat = torch.tensor(rewards_for(answers, labels)).flatten()
     order = torch.randperm(len(flat), generator=torch.Generator().manual_seed(seeds[0]))
     return flat[order].view(len(answers), -1).tolist()
