@@ -11,8 +11,10 @@ same streams, OUT/start/sSEED/results.json. A row is a run folder's name without
 A row's score is avg@64 (right samples / 64, the mean over questions: pass@1 at temperature 1), its mean over seeds,
 and greedy. A difference A - B is paired: over the seeds both rows ran, per seed and question. Its 95% interval is
 the 2.5th to 97.5th percentile of 10,000 bootstrap draws (seeded) that resample the seeds and the questions, both with
-replacement; its p-value twice the share of draws on the far side of 0 (at least 2 / 10,000). A claim holds where the
-interval excludes 0, over five seeds (fewer: pending). The seeds' spread and the questions' both enter the interval:
+replacement; its p-value twice the share of draws on the far side of 0 (at least 2 / 10,000). A table makes several
+comparisons at once, so each p is also adjusted by Holm's step-down over that table's comparisons. A claim holds where
+the interval excludes 0 and the adjusted p is below 0.05, over five seeds (fewer: pending); where only the interval
+does, it holds unadjusted, and is not claimed. The seeds' spread and the questions' both enter the interval:
 two rows whose seeds overlap may still differ, when they differ on the same questions seed by seed.
 """
 import argparse
@@ -34,17 +36,21 @@ DRAWS = 10_000
 SEEDS = 5                # a difference is judged over five seeds both rows ran; fewer: pending
 K = 64
 PASS_KS = (1, 2, 4, 8, 16, 32, 64)
-# The tables: (title, the row each is compared with, the rows, a column of the runs' metrics to show beside).
+# The tables: (title, the row each is compared with, the rows, columns of the runs' metrics to show beside: each the
+# mean over a run's steps, then over the row's runs).
 TABLES = [
     ("Methods and controls, lr 1e-4, one update a step: each against the start model", "start",
      ["gt", "majority", "coreward1", "coreward2", "self_harmony", "random", "matched_coin", "permuted", "wrong_label"],
-     None),
+     ["reward"]),
+    ("Which label: each method and control against Co-rewarding-I, one update a step", "coreward1",
+     ["gt", "majority", "coreward2", "self_harmony", "random", "matched_coin", "permuted", "wrong_label"], ["reward"]),
+    ("Updates a step: Co-rewarding-I at 4 against 1", "coreward1", ["coreward1-mb4"], ["clip_frac"]),
     ("The loss family off-policy (4 updates a step), Co-rewarding-I: each against the official loss",
      "coreward1-mb4", ["coreward1-mb4", "coreward1-mb4.cliphigh", "coreward1-mb4.gspo", "coreward1-mb4.cispo",
-                       "coreward1-mb4.drgrpo", "coreward1-mb4.tokenmean"], "clip_frac"),
+                       "coreward1-mb4.drgrpo", "coreward1-mb4.tokenmean"], ["clip_frac"]),
     ("DAPO, whole and each part alone on the official loss (4 updates a step): each against the official loss",
      "coreward1-mb4", ["coreward1-mb4.dapo", "coreward1-mb4.tokenmean", "coreward1-mb4.cliphigh",
-                       "coreward1-mb4.soft", "coreward1-mb4.filter", "coreward1-mb4.beta0"], "clip_frac"),
+                       "coreward1-mb4.soft", "coreward1-mb4.filter", "coreward1-mb4.beta0"], ["clip_frac", "rounds"]),
 ]
 CURVES = ["start", "gt", "coreward1", "random"]
 
@@ -65,12 +71,14 @@ def evaluations(out):
     return rows
 
 
-def metric_mean(out, row, key):
-    """The mean over a row's runs of the mean of `key` over their steps (metrics.jsonl)."""
+def metric_mean(out, row, seeds, key):
+    """The mean over a row's runs of `seeds` of the mean of `key` over their steps (metrics.jsonl; None: not logged)."""
     means = []
     for path in glob.glob(os.path.join(out, "runs", f"{row}_s*", "metrics.jsonl")):
+        if int(re.search(r"_s(\d+)$", os.path.dirname(path)).group(1)) not in seeds:
+            continue
         values = [r[key] for r in map(json.loads, open(path)) if key in r]
-        means.append(np.mean(values))
+        means += [np.mean(values)] if values else []
     return float(np.mean(means)) if means else None
 
 
@@ -86,45 +94,69 @@ def bootstrap(diff, seed=0):
     return float(diff.mean()), float(low), float(high), float(min(p, 1.0))
 
 
+def holm(ps):
+    """Holm's step-down adjustment of the p-values `ps` (a list, None where no comparison): the i-th smallest of m is
+    multiplied by m - i (i from 0), made non-decreasing in that order, and capped at 1."""
+    order = sorted((p, i) for i, p in enumerate(ps) if p is not None)
+    adjusted, running = [None] * len(ps), 0.0
+    for rank, (p, i) in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def verdict(low, high, adjusted, seeds):
+    """What a difference's interval [low, high] and Holm-adjusted p say, over `seeds` seeds both rows ran."""
+    if seeds < SEEDS:
+        return f"pending: {seeds} of {SEEDS} seeds"
+    if not (low > 0 or high < 0):
+        return "not separated"
+    return "holds" if adjusted < 0.05 else "holds unadjusted"
+
+
 def avg(array):
     """[Q] avg@K of one run's per-question counts."""
     return array[:, 0] / K
 
 
 def summary_row(name, runs, base, extra):
-    """One table row: the row's avg@K mean [min-max over seeds], greedy, pass@K, `extra` (a cell, or None: no column),
-    and its difference from the rows `base` (None: none)."""
+    """One table row's cells: the row's avg@K mean [min-max over seeds], greedy, pass@K, the cells `extra`; and its
+    paired difference from the rows `base`, (mean, low, high, p, seeds), or None where there is none."""
     per_seed = [avg(runs[s]).mean() for s in sorted(runs)]
     greedy = np.mean([runs[s][:, 1].mean() for s in runs])
     reach = np.mean([np.mean([pass_at_k(K, int(c), K) for c in runs[s][:, 0]]) for s in runs])
     cells = [f"`{name}`", str(len(runs)), f"{np.mean(per_seed):.3f} [{min(per_seed):.3f}–{max(per_seed):.3f}]",
-             f"{greedy:.3f}", f"{reach:.3f}"]
-    cells += [] if extra is None else [extra]
+             f"{greedy:.3f}", f"{reach:.3f}"] + extra
     common = sorted(set(runs) & set(base)) if base is not None else []
-    if common:
-        mean, low, high, p = bootstrap(np.stack([avg(runs[s]) - avg(base[s]) for s in common]))
-        verdict = f"pending: {len(common)} of {SEEDS} seeds" if len(common) < SEEDS else \
-            "holds" if low > 0 or high < 0 else "not separated"
-        cells += [f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]", f"{p:.4f}", verdict]
-    else:
-        cells += ["–", "–", "–"]
-    return "| " + " | ".join(cells) + " |"
+    if not common:
+        return cells, None
+    return cells, (*bootstrap(np.stack([avg(runs[s]) - avg(base[s]) for s in common])), len(common))
 
 
 def tables(out, rows):
-    """review.md's tables, each row with its statistics."""
+    """review.md's tables, each row with its statistics, its p adjusted over the table's comparisons."""
     lines = []
-    for title, base, names, extra in TABLES:
+    for title, base, names, extras in TABLES:
         shown = [n for n in names if n in rows]
         if not shown:
             continue
-        head = ["row", "seeds", f"avg@{K} [seeds' range]", "greedy", f"pass@{K}"] + ([extra] if extra else []) + \
-            [f"Δ avg@{K} vs `{base}` [95% interval]", "p", "difference"]
+        head = ["row", "seeds", f"avg@{K} [seeds' range]", "greedy", f"pass@{K}"] + extras + \
+            [f"Δ avg@{K} vs `{base}` [95% interval]", "p", "p (Holm)", "difference"]
         lines += [f"### {title}", "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+        table = []
         for name in ([base] if base in rows and base not in shown else []) + shown:
-            value = metric_mean(out, name, extra) if extra else None
-            cell = None if not extra else "–" if value is None else f"{value:.3f}"
-            lines.append(summary_row(name, rows[name], None if name == base else rows.get(base), cell))
+            values = [metric_mean(out, name, rows[name], key) for key in extras]
+            cells = ["–" if value is None else f"{value:.3f}" for value in values]
+            table.append(summary_row(name, rows[name], None if name == base else rows.get(base), cells))
+        adjusted = holm([None if diff is None else diff[3] for _, diff in table])
+        for (cells, diff), p_holm in zip(table, adjusted):
+            if diff is None:
+                cells += ["–", "–", "–", "–"]
+            else:
+                mean, low, high, p, seeds = diff
+                cells += [f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]", f"{p:.4f}", f"{p_holm:.4f}",
+                          verdict(low, high, p_holm, seeds)]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -136,19 +168,25 @@ def pass_curves(rows):
 
 
 def reach_lines(rows, curves):
-    """Whether RL narrows what the model reaches: each curve row's pass@64 against the start's, paired."""
+    """Whether RL narrows what the model reaches: each curve row's pass@64 against the start's, paired, its p adjusted
+    over the curves' comparisons."""
     lines = [f"### pass@k, k = 1 to {K} ([passk.png](passk.png))", "",
-             "| row | " + " | ".join(f"pass@{k}" for k in PASS_KS) + f" | Δ pass@{K} vs `start` [95% interval] | p |",
-             "|---" * (len(PASS_KS) + 3) + "|"]
-    for name, values in curves.items():
-        cells = [f"`{name}`"] + [f"{v:.3f}" for v in values]
+             "| row | " + " | ".join(f"pass@{k}" for k in PASS_KS) +
+             f" | Δ pass@{K} vs `start` [95% interval] | p | p (Holm) |", "|---" * (len(PASS_KS) + 4) + "|"]
+    reach = lambda array: np.array([pass_at_k(K, int(c), K) for c in array[:, 0]])
+    diffs = {}
+    for name in curves:
         common = sorted(set(rows[name]) & set(rows.get("start", {}))) if name != "start" else []
         if common:
-            reach = lambda array: np.array([pass_at_k(K, int(c), K) for c in array[:, 0]])
-            mean, low, high, p = bootstrap(np.stack([reach(rows[name][s]) - reach(rows["start"][s]) for s in common]))
-            cells += [f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]", f"{p:.4f}"]
+            diffs[name] = bootstrap(np.stack([reach(rows[name][s]) - reach(rows["start"][s]) for s in common]))
+    adjusted = dict(zip(diffs, holm([p for *_, p in diffs.values()])))
+    for name, values in curves.items():
+        cells = [f"`{name}`"] + [f"{v:.3f}" for v in values]
+        if name in diffs:
+            mean, low, high, p = diffs[name]
+            cells += [f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]", f"{p:.4f}", f"{adjusted[name]:.4f}"]
         else:
-            cells += ["–", "–"]
+            cells += ["–", "–", "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -74,3 +74,17 @@ def test_the_reviewed_study_redraws_its_statistics_from_its_committed_evaluation
     redrawn, committed = (matplotlib.image.imread(p) for p in (tmp_path / "passk.png",
                                                                 os.path.join(REVIEWED, "passk.png")))
     assert redrawn.shape == committed.shape and np.array_equal(redrawn, committed)
+
+
+INTERVAL = re.compile(r"([+−-]\d\.\d{3}) \[([+−-]\d\.\d{3}), ([+−-]\d\.\d{3})\]")
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(REVIEWED, "review.md")), reason="no reviewed study committed")
+def test_each_interval_the_study_readme_quotes_is_one_review_md_holds():
+    """study/README.md quotes differences as `+0.105 [+0.090, +0.122]`: each must be a difference and interval of
+    study/reviewed/review.md (which the test above redraws), not a figure copied by hand and left behind."""
+    computed = {match.groups() for match in INTERVAL.finditer(open(os.path.join(REVIEWED, "review.md")).read())}
+    quoted = [match.group(0) for match in INTERVAL.finditer(open(os.path.join(ROOT, "study", "README.md")).read())]
+    assert len(quoted) >= 5, quoted
+    stale = [q for q in quoted if tuple(v.replace("−", "-") for v in INTERVAL.fullmatch(q).groups()) not in computed]
+    assert not stale, f"study/README.md quotes intervals that study/reviewed/review.md does not hold: {stale}"
