@@ -114,10 +114,10 @@ RENAMED_METHODS = [
 # What a resumed run may change; every other flag must agree with the checkpoint's configuration.
 MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb",
                         "eval_samples", "hf_kv_budget_gib")
-# The loss family's settings (grpo.py, THE LOSS FAMILY) and the rephrasing control: a run's summary line names each
-# that differs from its preset's.
-LOSS_FAMILY = ("policy_loss", "clip_eps", "clip_high", "loss_agg", "advantage_std", "overlong", "overlong_buffer",
-               "entropy_coef", "rephrase_noise")
+# The loss family's settings (grpo.py, THE LOSS FAMILY), the updates a step, the group filter and its refill, and
+# the rephrasing control: a run's first line names each that differs from its preset's.
+NAMED_IF_CHANGED = ("policy_loss", "clip_eps", "clip_high", "loss_agg", "advantage_std", "overlong", "overlong_buffer",
+                    "entropy_coef", "mini_batches", "group_filter", "refill_rounds", "rephrase_noise")
 # Flags that say how to start this process, not what the run is: not part of its configuration.
 NOT_CONFIG = ("resume", "overwrite", "preset_reason", "backend_reason", "ranks", "max_restarts", "given")
 
@@ -517,14 +517,14 @@ ENGINE_NAMES = {"vllm": "vLLM", "hf": "transformers' generate"}
 
 
 def summary(args, disk, config_path):
-    """The run's first line: what it trains and how (each setting of the loss family off its preset's named), the
+    """The run's first line: what it trains and how (each setting of NAMED_IF_CHANGED off its preset's named), the
     disk it takes (`disk`: checkpoint.disk_bytes) and where every setting is."""
     views = "2 views" if args.views == "both" else "1 view"
     evaluation = f"greedy and avg@{args.eval_k}" if args.eval_k else "greedy"
     changed = "" if args.rollout_correction == "none" else \
         f", rollout correction {args.rollout_correction} (cap {args.rollout_correction_cap})"
     preset = PRESETS[args.preset]
-    changed += "".join(f", --{k} {getattr(args, k)}" for k in LOSS_FAMILY if getattr(args, k, preset[k]) != preset[k])
+    changed += "".join(f", --{k} {getattr(args, k)}" for k in NAMED_IF_CHANGED if getattr(args, k, preset[k]) != preset[k])
     return (f"{args.method} on {args.data}, preset {args.preset} "
             f"({getattr(args, 'preset_reason', 'as the checkpoint it resumes')}): {args.steps} steps of "
             f"{args.questions_per_step} questions x {views} x G={args.group_size}, lr {args.lr}, KL {args.kl_coef}, "

@@ -267,3 +267,19 @@ def test_more_ranks_than_the_node_has_gpus_is_one_line_naming_both(launch, env, 
     assert res.stderr.splitlines() == [f"train.py: error: {said} (CUDA_VISIBLE_DEVICES=0,1): one rank a GPU, so "
                                        f"give at most 2; nothing was run"]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_first_line_names_each_setting_a_run_changes_from_its_preset():
+    """DAPO as the study runs it: each of its flags off the preset is in the run's first line, and a run on the preset
+    names none."""
+    dapo = ["--mini_batches", "4", "--loss_agg", "token_mean", "--clip_high", "0.28", "--overlong", "soft",
+            "--group_filter", "zero_variance", "--refill_rounds", "3"]
+    args = config.parse_args(["--method", "coreward1", *dapo])
+    args.backend = "hf"
+    line = config.summary(args, (1, 2), "run/config.json")
+    for named in ("--mini_batches 4", "--loss_agg token_mean", "--clip_high 0.28", "--overlong soft",
+                  "--group_filter zero_variance", "--refill_rounds 3"):
+        assert named in line
+    args = config.parse_args(["--method", "coreward1"])
+    args.backend = "hf"
+    assert ", --" not in config.summary(args, (1, 2), "run/config.json")
