@@ -524,7 +524,8 @@ def summary(args, disk, config_path):
     changed = "" if args.rollout_correction == "none" else \
         f", rollout correction {args.rollout_correction} (cap {args.rollout_correction_cap})"
     preset = PRESETS[args.preset]
-    changed += "".join(f", --{k} {getattr(args, k)}" for k in NAMED_IF_CHANGED if getattr(args, k, preset[k]) != preset[k])
+    changed += "".join(f", --{k} {getattr(args, k)}" for k in NAMED_IF_CHANGED
+                       if getattr(args, k, preset[k]) != preset[k])
     return (f"{args.method} on {args.data}, preset {args.preset} "
             f"({getattr(args, 'preset_reason', 'as the checkpoint it resumes')}): {args.steps} steps of "
             f"{args.questions_per_step} questions x {views} x G={args.group_size}, lr {args.lr}, KL {args.kl_coef}, "
