@@ -124,6 +124,10 @@ def series(runs, key, window=1):
     return out
 
 
+LEGEND_INSIDE = 10        # up to this many lines, the legend sits in the first panel; more, beneath the panels
+LEGEND_COLUMNS = 4
+
+
 def figure(runs, keys, path, title, window=1):
     """One panel per key that some run logged; one line and band per run name (`series` with `window`)."""
     import matplotlib
@@ -148,9 +152,21 @@ def figure(runs, keys, path, title, window=1):
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    if len(seeds) <= LEGEND_INSIDE:
+        axes.flat[0].legend(fontsize=7)
+        fig.tight_layout()
+    else:                                             # more lines than a panel holds: a legend of its own beneath
+        lines = {}
+        for ax in axes.flat:
+            lines.update(zip(*reversed(ax.get_legend_handles_labels())))
+        legend_rows = -(-len(lines) // LEGEND_COLUMNS)
+        width, height = fig.get_size_inches()
+        below = 0.17 * legend_rows + 0.1                 # inches
+        fig.set_size_inches(width, height + below)
+        fig.legend(list(lines.values()), list(lines), loc="lower center", ncol=LEGEND_COLUMNS, fontsize=7,
+                   frameon=False)
+        fig.tight_layout(rect=(0, below / (height + below), 1, 1))
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=90)
     plt.close(fig)
