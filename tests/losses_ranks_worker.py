@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from grpo import POLICY_LOSS_SETTINGS, train_step  # noqa: E402
 from harness.sharding import gather_full_weights, init_distributed, shard  # noqa: E402
+from ranks_worker import end_ranks  # noqa: E402
 from test_grpo import _batch, _tiny_model, step_config  # noqa: E402
 
 N, MINI_BATCHES = 8, 2
@@ -73,11 +74,4 @@ if __name__ == "__main__":
            for case, loss in CASES.items()}
     if rank == 0:
         torch.save(out, sys.argv[1])
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-    # A gloo worker thread frees a finished collective's tensors after the rank's wait() returned; should it do so
-    # once the interpreter has begun finalizing, it cannot take the GIL and the rank aborts ("terminate called
-    # without an active exception", SIGABRT: seen about once in 50 runs). Nothing is left to run: end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    end_ranks()

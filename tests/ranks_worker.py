@@ -53,6 +53,18 @@ def one_step(batch, mini_batches, order, **split):
     return {k: v.clone() for k, v in gather_full_weights(model)}
 
 
+def end_ranks():
+    """Wait for every rank, end the group, and end the process at once. A gloo worker thread frees a finished
+    collective's tensors after the rank's wait() returned; should it do so once the interpreter has begun finalizing,
+    it cannot take the GIL and the rank aborts ("terminate called without an active exception", SIGABRT: seen about
+    once in 50 runs). Nothing is left to run when this is called."""
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     rank, world, _ = init_distributed()
     per_rank = N // world
@@ -76,11 +88,4 @@ if __name__ == "__main__":
         out["nan_on_one_rank"] = outcomes
     if rank == 0:
         torch.save(out, sys.argv[1])
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-    # A gloo worker thread frees a finished collective's tensors after the rank's wait() returned; should it do so
-    # once the interpreter has begun finalizing, it cannot take the GIL and the rank aborts ("terminate called
-    # without an active exception", SIGABRT: seen about once in 50 runs). Nothing is left to run: end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    end_ranks()
