@@ -142,7 +142,10 @@ LABEL_SOURCES = {
 
 
 def wrong_answer(gold):
-    """A wrong label for a gold answer: its value plus one, as text ('7' -> '8', '\\frac12' -> '(\\frac12)+1')."""
+    """A wrong label for a gold answer: its value plus one, as text ('7' -> '8', '\\frac12' -> '(\\frac12)+1'); None
+    for a question without gold (harness/data.py keeps three such rows): it is unlabeled, as under `gt`."""
+    if gold is None:
+        return None
     return str(int(gold) + 1) if gold.lstrip("-").isdigit() else f"({gold})+1"
 
 
@@ -229,7 +232,8 @@ def label_groups(method, answers, ground_truth, teacher_answers=None, coin_seeds
 
     A vote's label is the largest class of equal answers (majority_vote): a tie goes to the class whose first member
     came first, and a plurality of one labels, so a group of G different answers is labelled by its first. A group
-    whose voters gave no answer gets no label (None: its responses get 0). The gold label's voters are [gold].
+    whose voters gave no answer gets no label (None: its responses get 0). The gold label's voters are [gold]: a
+    question without gold (None) is unlabeled under `gt` and `wrong_label`, and labelled as any other by the votes.
     """
     m = method_of(method)
     if m.labels is None:
@@ -242,9 +246,9 @@ def label_groups(method, answers, ground_truth, teacher_answers=None, coin_seeds
         raise ValueError(f"{method} needs the teacher's answers for each of the {n} groups")
     if source.voters == "coin" and (coin_seeds is None or len(coin_seeds) != n):
         raise ValueError(f"{method} needs a coin seed for each of the {n} groups")
-    voters = {"gold": [[g] for g in ground_truth], "policy": answers, "teacher": teacher_answers,
-              "coin": [[seed] for seed in coin_seeds or []],
-              "wrong": [[wrong_answer(g)] for g in ground_truth]}[source.voters]
+    voters = {"gold": lambda: [[g] for g in ground_truth], "policy": lambda: answers,      # the source's voters only
+              "teacher": lambda: teacher_answers, "coin": lambda: [[seed] for seed in coin_seeds],
+              "wrong": lambda: [[wrong_answer(g)] for g in ground_truth]}[source.voters]()
     if source.views == "other":
         voters = [voters[twin(i, n)] for i in range(n)]   # the other view's answers
     elif source.views == "both":                          # the original's answers, then the rephrasing's: one label

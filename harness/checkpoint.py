@@ -5,7 +5,8 @@
         trainer.pt       the step, the LR scheduler, the data order and cursor, the data-shuffle generator
         rng_rank{R}.pt   rank R's global torch RNG (it draws the mini-batch order), and CUDA's on a GPU
         config.json      the run's resolved configuration (train.py --resume reads it)
-        hf/              the model's Hugging Face config and tokenizer, to rebuild the policy (`to_hf`)
+        hf/              the model's Hugging Face config, generation_config (its end tokens) and tokenizer, to rebuild
+                         the policy as final/ holds it (`to_hf`)
 
 Atomic: each rank writes its part into step_S.partial/, which rank 0 renames to step_S/ once all of it is on disk
 (`publish`): even a machine's crash leaves no torn step_S/, and `latest` never picks .partial. final/ likewise. Nodes
@@ -165,6 +166,7 @@ def save(out, step, policy, optimizer, teacher, trainer_state, config, tokenizer
         torch.save({**trainer_state, "step": step, "world_size": dist.get_world_size()},
                    os.path.join(partial, "trainer.pt"))
         policy.config.save_pretrained(os.path.join(partial, "hf"))
+        policy.generation_config.save_pretrained(os.path.join(partial, "hf"))
         tokenizer.save_pretrained(os.path.join(partial, "hf"))
         with open(os.path.join(partial, "config.json"), "w") as f:
             json.dump(config, f, indent=1)
@@ -251,11 +253,14 @@ def load(path, policy, optimizer, teacher):
 
 def read_model(path, name="policy"):
     """The checkpoint's policy (or teacher) as a whole Hugging Face model, in one process, without a process group."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
     if not is_checkpoint(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint "
                                 "(a step_S folder with trainer.pt and config.json)")
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(os.path.join(path, "hf")), dtype=torch.float32)
+    hf = os.path.join(path, "hf")
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf), dtype=torch.float32)
+    if os.path.isfile(os.path.join(hf, "generation_config.json")):  # saved since it is kept (else derived from config)
+        model.generation_config = GenerationConfig.from_pretrained(hf)
     state = {name: model.state_dict()}
     dcp.load(state, checkpoint_id=os.path.join(path, "weights"), no_dist=True)
     model.load_state_dict(state[name])

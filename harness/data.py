@@ -340,11 +340,18 @@ def index_key(key, where):
     raise InputError(f"{where}: extra_info.index must be an integer or a non-empty string, got {key!r:.40}")
 
 
+def notice(line):
+    """A line about the data, printed once: every rank reads it, rank 0 says what it found."""
+    import torch.distributed as dist
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(line)
+
+
 def report_unlabeled(pairs, name):
     unlabeled = [i for i, p in enumerate(pairs) if p.answer is None]
     if unlabeled:
-        print(f"{name}: {len(unlabeled)} of {len(pairs)} pairs have no gold answer (rows {unlabeled[:10]}); "
-              f"kept: the label-free rewards do not read it, `gt` and the metrics count them unlabeled")
+        notice(f"{name}: {len(unlabeled)} of {len(pairs)} pairs have no gold answer (rows {unlabeled[:10]}); "
+               f"kept: the label-free rewards do not read it, `gt` and the metrics count them unlabeled")
     return pairs
 
 
@@ -464,7 +471,7 @@ def drop_long(items, prompts_of, max_prompt_len, what):
     were dropped, and refuses a set of which none fits."""
     kept = [item for item in items if all(len(prompt) <= max_prompt_len for prompt in prompts_of(item))]
     if len(kept) < len(items):
-        print(f"dropped {len(items) - len(kept)} of {len(items)} {what} whose prompt exceeds {max_prompt_len} tokens")
+        notice(f"dropped {len(items) - len(kept)} of {len(items)} {what} whose prompt exceeds {max_prompt_len} tokens")
     if not kept:
         raise InputError(f"all {len(items)} {what} have a prompt longer than --max_prompt_len {max_prompt_len}")
     return kept

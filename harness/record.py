@@ -3,11 +3,15 @@
 One row of RECORD a metric: its name, its kind (how every rank's part comes together), and this rank's part, a
 function of what the step saw and did (`Step`). Mean(count): the parts' sum over ranks over the sum of a count
 (COUNTS; with view=v, of view v's, and left out where no rank sampled it), None where a part is None (a label-free
-method's label share). Total: the sum over ranks. Gathered(then): every rank's parts, joined, then `then` of them.
-Same: rank 0's own value (the gradient norm, the same on every rank; the learning rate). Means and Totals go in one
-all-reduce of float64. A new metric is one row, e.g. the mean of --overlong soft's penalty over the responses:
+method's label share) or the count is 0. Total: the sum over ranks. Gathered(then): every rank's parts, joined, then
+`then` of them. Same: rank 0's own value (the gradient norm, the same on every rank; the learning rate). Means and
+Totals go in one all-reduce of float64. A new metric is one row, e.g. the mean of --overlong soft's penalty over the
+responses:
 
     ("overlong_penalty", Mean("responses"), lambda s: (s.shaped - s.rewards).sum().item()),
+
+The accuracies against the gold answer (rollout_acc, label_acc) count the groups that have one (`graded_groups`): a
+question without gold (harness/data.py keeps three) is in the reward and the diagnostics, not in those.
 
 Per view (the original questions, their rephrasings), as the official Co-rewarding-III logs them: the share of
 groups with a label, the label's accuracy, the mean reward, and the view's parts of the loss and its clip fraction.
@@ -99,15 +103,18 @@ class Same:
 
 # The counts a Mean divides by, summed over ranks in the all-reduce of the sums: of the whole step, and of each view.
 COUNTS = {
-    "responses": lambda s: s.rewards.numel(),
-    "groups":    lambda s: len(s.groups),
-    "tokens":    lambda s: s.stats["tokens"],
-    "updates":   lambda s: s.stats["updates"],        # optimizer updates x ranks: the loss is their mean
+    "responses":        lambda s: s.rewards.numel(),
+    "groups":           lambda s: len(s.groups),
+    "graded_responses": lambda s: sum(len(grp) for grp, g in zip(s.answers, s.gold) if g is not None),
+    "graded_groups":    lambda s: sum(g is not None for g in s.gold),             # those with a gold answer
+    "tokens":           lambda s: s.stats["tokens"],
+    "updates":          lambda s: s.stats["updates"],        # optimizer updates x ranks: the loss is their mean
 }
 VIEW_COUNTS = {
-    "groups":    lambda s, v: s.view.count(v),
-    "responses": lambda s, v: s.view.count(v) * s.rewards.shape[1],
-    "tokens":    lambda s, v: s.stats["views"][v]["tokens"],
+    "groups":           lambda s, v: s.view.count(v),
+    "graded_groups":    lambda s, v: sum(g is not None for g in s.of_view(v, s.gold)),
+    "responses":        lambda s, v: s.view.count(v) * s.rewards.shape[1],
+    "tokens":           lambda s, v: s.stats["views"][v]["tokens"],
 }
 
 
@@ -116,6 +123,10 @@ def labelled(s, v=None):
     if s.labels is None:
         return None
     return float(sum(label is not None for label in (s.labels if v is None else s.of_view(v, s.labels))))
+
+
+def rollout_correct(s):
+    return sum(is_equiv(a, g) for grp, g in zip(s.answers, s.gold) for a in grp)
 
 
 def label_correct(s, v=None):
@@ -134,9 +145,8 @@ def view_stat(name):
 RECORD = [
     ("responses",         Total(),              lambda s: s.rewards.numel()),
     ("reward",            Mean("responses"),    lambda s: s.rewards.sum().item()),
-    ("rollout_acc",       Mean("responses"),    lambda s: sum(is_equiv(a, g) for grp, g in zip(s.answers, s.gold)
-                                                              for a in grp)),
-    ("label_acc",         Mean("groups"),       label_correct),
+    ("rollout_acc",       Mean("graded_responses"), rollout_correct),
+    ("label_acc",         Mean("graded_groups"), label_correct),
     ("no_answer",         Mean("responses"),    lambda s: sum(a is None for grp in s.answers for a in grp)),
     # label-free: what a run without labels can watch (watches.CollapseWatch)
     ("unanimous",         Mean("groups"),       lambda s: s.diagnostics["unanimous"]),
@@ -164,7 +174,7 @@ RECORD = [
     ("overlong_penalty",  Mean("responses"),    lambda s: (s.shaped - s.rewards).sum().item()),
     *[row for v, name in enumerate(VIEW_NAMES) for row in [
         (f"{name}/label_share",  Mean("groups", v),    lambda s, v=v: labelled(s, v)),
-        (f"{name}/label_acc",    Mean("groups", v),    lambda s, v=v: label_correct(s, v)),
+        (f"{name}/label_acc",    Mean("graded_groups", v), lambda s, v=v: label_correct(s, v)),
         (f"{name}/reward",       Mean("responses", v), lambda s, v=v: sum(map(sum, s.of_view(v, s.rewards.tolist())))),
         (f"{name}/loss_policy",  Mean("updates"),      lambda s, v=v: s.stats["views"][v]["loss_policy"]),
         (f"{name}/loss_kl",      Mean("updates"),      lambda s, v=v: s.stats["views"][v]["loss_kl"]),
@@ -185,9 +195,9 @@ def step_record_over_ranks(s, device, world_size):
     for name, kind, part in RECORD:
         if isinstance(kind, Mean):
             per = totals[f"count:{kind.count}" + ("" if kind.view is None else f":{kind.view}")]
-            if kind.view is not None and per == 0:                   # a view no rank sampled
+            if kind.view is not None and per == 0:                   # a view no rank sampled (or graded)
                 continue
-            record[name] = None if summed[name] is None else totals[f"sum:{name}"] / per
+            record[name] = None if summed[name] is None or per == 0 else totals[f"sum:{name}"] / per
         elif isinstance(kind, Total):
             record[name] = int(totals[f"sum:{name}"])
         elif isinstance(kind, Gathered):

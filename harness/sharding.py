@@ -58,11 +58,13 @@ def load_sharded(model_dir, device, dtype=torch.float32, compute_dtype=torch.flo
     """The Hugging Face model in `model_dir`, sharded (`shard`), kept in `dtype` and computed in `compute_dtype`, with
     no rank holding it whole on `device`: built on the meta device, sharded, given empty shards and filled from rank 0's
     CPU copy one tensor at a time (broadcast_from_rank0); buffers computed at construction (the rotary frequencies) come
-    from rank 0 too. A collective."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from rank 0 too. It keeps the folder's generation_config (its end tokens), as from_pretrained does. A collective."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
+    if os.path.isfile(os.path.join(model_dir, "generation_config.json")):    # its end tokens, as from_pretrained's
+        model.generation_config = GenerationConfig.from_pretrained(model_dir)
     shard(model, None if compute_dtype == dtype else compute_dtype, activation_checkpointing, compile_layers)
     model.to_empty(device=device)
     full = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype) if dist.get_rank() == 0 else None

@@ -656,3 +656,19 @@ def test_rephrase_noise_gives_a_share_of_the_pairs_another_questions_rephrasing(
     questions = train.Questions.shuffled(noisy, 0)
     first = [i for _ in range(5) for i in questions.take(16, 0, 1)[0]]
     assert 0 < sum(i in set(changed) for i in first) < 40          # 25% of 80 is 20
+
+
+def test_the_datas_notices_print_once_on_rank_0(monkeypatch, capsys):
+    """Every rank reads the data; the gold-less rows and the dropped prompts are said once, by rank 0 (on a node of 8
+    they printed 8 times)."""
+    import torch.distributed as dist
+    pairs = [data.Pair("a", "b", None), data.Pair("c", "d", "1")]
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    for rank in (1, 0):
+        monkeypatch.setattr(dist, "get_rank", lambda: rank)
+        data.report_unlabeled(pairs, "f.parquet")
+        data.drop_long(pairs, lambda pair: [[0] * len(pair.original) * (1 + (pair.answer is None))], 1, "pairs")
+        assert capsys.readouterr().out == ("" if rank else
+                                           "f.parquet: 1 of 2 pairs have no gold answer (rows [0]); kept: the label-free "
+                                           "rewards do not read it, `gt` and the metrics count them unlabeled\n"
+                                           "dropped 1 of 2 pairs whose prompt exceeds 1 tokens\n")
