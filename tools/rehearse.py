@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,7 +53,7 @@ TIMINGS = ("t_rollout", "t_train", "t_sync")
 
 class Rehearsal:
     def __init__(self, out, short):
-        self.out, self.short, self.failed = out, short, []
+        self.out, self.short, self.failed, self.seed_ok = out, short, [], False
         self.model = os.path.join(out, "standin")
         self.settings = CPU_SETTINGS["short" if short else "full"]
 
@@ -116,6 +117,12 @@ class Rehearsal:
         status, console, lines = self.train("seed", self.flags)
         self.seed_records = [r for r in lines if "reward" in r]
         print(f"   ran {len(self.seed_records)} steps in {(time.perf_counter() - t0) / 60:.1f} min, status {status}")
+        self.seed_ok = status == 0 and len(self.seed_records) == steps and os.path.isdir(
+            os.path.join(self.out, "seed", "final")) and all(math.isfinite(r["loss"]) for r in self.seed_records)
+        self.check(f"status 0, final/ written, {steps} records with a finite loss" if self.seed_ok else
+                   f"the run: {failure(console)}", self.seed_ok)
+        if not self.seed_ok:
+            return
         drawn = drawn_by_step(self.kept, seed, questions, steps)
         first = min(s for s, rows in enumerate(drawn, 1) if ROW in rows)
         every = set().union(*drawn) == set(range(len(self.kept)))
@@ -128,9 +135,6 @@ class Rehearsal:
             simulated.take(questions, 0, RANKS)
         self.check("the run's data order and cursor are those the rows were counted from (its last checkpoint)",
                    (saved["order"], saved["cursor"]) == (simulated.order, simulated.cursor))
-        self.check(f"status 0, final/ written, {steps} records with a finite loss", status == 0 and
-                   len(self.seed_records) == steps and all(math.isfinite(r["loss"]) for r in self.seed_records) and
-                   os.path.isdir(os.path.join(self.out, "seed", "final")))
         if len(self.seed_records) >= first:
             r = self.seed_records[first - 1]
             print(f"   step {first}: reward {r['reward']:.3f}, label_acc {r['label_acc']:.3f} (its graded groups), "
@@ -196,7 +200,7 @@ class Rehearsal:
         for method, source in runs:
             seed = first_seed_drawing(self.kept, ROW, questions) if method == "gt" else 0
             t0 = time.perf_counter()
-            status, _, lines = self.train(f"{method}_{source}", ["--method", method, "--data", source, *settings,
+            status, console, lines = self.train(f"{method}_{source}", ["--method", method, "--data", source, *settings,
                                                                   "--steps", str(OTHER_STEPS), "--seed", str(seed)])
             steps = [r for r in lines if "reward" in r]
             shown = ", ".join(f"{r['reward']:.2f}" for r in steps)
@@ -206,6 +210,8 @@ class Rehearsal:
             if method == "gt":
                 what += f"; step 1 draws row {ROW}: label_acc {steps[0]['label_acc'] if steps else None}"
                 holds = holds and steps[0]["label_acc"] == 1.0
+            if status:
+                what += f"; {failure(console)}"
             self.check(what, holds)
 
 
@@ -234,6 +240,13 @@ def first_seed_drawing(pairs, row, questions):
 
 
 # --------------------------------------------------------------------------------------------- the run's folders
+
+def failure(console):
+    """What stopped a run, from its console: the ranks' first error line, or its last line."""
+    lines = [line.strip() for line in console.replace("\r", "\n").splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"(\[rank\d+\]: )?\w*(Error|Exception): ", line)]
+    return (errors or lines or ["no output"])[0 if errors else -1]
+
 
 def records(run):
     path = os.path.join(run, "metrics.jsonl")
@@ -287,6 +300,9 @@ def main(argv=None):
     phases = [r.stand_in, r.seed_run, r.evaluation, r.other_runs] if args.short else \
         [r.stand_in, r.seed_run, r.lost_rank, r.evaluation, r.other_runs]
     for phase in phases:
+        if phase in (r.lost_rank, r.evaluation) and not r.seed_ok:
+            print(f"   skipped {phase.__name__}: it needs the seed run's checkpoints and final/", flush=True)
+            continue
         phase()
     minutes = (time.perf_counter() - began) / 60
     if r.failed:
