@@ -975,7 +975,7 @@ def test_the_classroom_model_trains_on_a_jsonl_of_classroom_pairs_as_on_the_ship
                             for p in pairs))
     runs = [run_in_process(tmp_path / name, "coreward1", *SHORT, "--steps", "1", "--eval_limit", "1", *extra)
             for name, extra in (("shipped", ()), ("jsonl", ("--data", str(path))))]
-    assert all(run.error is None for run in runs)
+    assert [run.error for run in runs] == [None, None]
     assert torch.equal(runs[0].steps[0]["input_ids"], runs[1].steps[0]["input_ids"])
     times = ("t_rollout", "t_train", "t_sync")
     records = [{k: v for k, v in run.step_records[0].items() if k not in times} for run in runs]

@@ -71,7 +71,7 @@ class Rehearsal:
                    *flags, "--out", run, "--overwrite"]
         log = run + ".log"
         with open(log, "w") as console:
-            job = subprocess.Popen(command, stdout=console, stderr=subprocess.STDOUT, cwd=ROOT,
+            job = subprocess.Popen(command, stdout=console, stderr=subprocess.STDOUT,
                                    env={**os.environ, "REHEARSAL_RUN": run})
             if kill_rank_at is not None:
                 while job.poll() is None and kill_rank_at not in steps_logged(run):
@@ -182,7 +182,7 @@ class Rehearsal:
             with open(out + ".log", "w") as log:
                 status = subprocess.call([sys.executable, os.path.join(ROOT, "eval.py"), "--model", model, "--paper",
                                           "--limit", str(limit), "--out", out, "--overwrite"], stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=ROOT)
+                                         stderr=subprocess.STDOUT)
             path = os.path.join(out, "results.json")
             results.append(json.load(open(path))["results"] if status == 0 and os.path.exists(path) else None)
         if None in results:
@@ -291,7 +291,6 @@ def main(argv=None):
     ap.add_argument("--short", action="store_true", help="CI's: phases 1, 2 (3 steps), 4 and gt")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    args.out = os.path.abspath(args.out)
     quiet()
     began = time.perf_counter()
     print(f"rehearsal of the seed run, python train.py --ranks 8 --method coreward1 --model Qwen/Qwen3-4B-Base --data "
