@@ -241,26 +241,31 @@ def test_a_checkpoint_keeps_the_models_end_tokens_and_evaluates_as_final(tmp_pat
     """A model whose generation_config lists an end token beside the tokenizer's EOS (as Qwen3's lists <|im_end|>): its
     checkpoint's model folder (to_hf) ends responses at the same tokens as final/, and eval.py on the two, the same
     weights, gives identical results. The random model samples the extra end token often: without it, a response runs
-    on (checkpoints saved only config.json, and to_hf derived a generation_config from it: the EOS alone)."""
+    on (checkpoints saved only config.json, and to_hf derived a generation_config from it: the EOS alone). The run and
+    the evaluations are processes of their own, as a user runs them: three engines in this one would outlive it."""
     from transformers import AutoTokenizer, GenerationConfig
     from harness import checkpoint
     from rollout import end_tokens
-    import eval as evaluation
-    model = tmp_path / "model"
+    model, run = tmp_path / "model", tmp_path / "run"
     shutil.copytree(tiny_model_dir, model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     ends = sorted({tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("1")})
     GenerationConfig(eos_token_id=ends, bos_token_id=tokenizer.eos_token_id).save_pretrained(model)
-    run = run_in_process(tmp_path / "run", "gt", *SHORT, "--model", str(model), "--preset", "classroom",
-                         "--save_every", "2", "--eval_every", "100")
-    assert run.error is None
-    final, step = os.path.join(run.out, "final"), checkpoint.latest(run.out)
+    script = lambda name, *flags: subprocess.run([sys.executable, os.path.join(ROOT, name), *flags], cwd=ROOT,
+                                                 capture_output=True, text=True)
+    done = script("train.py", "--method", "gt", *SHORT, "--model", str(model), "--preset", "classroom",
+                  "--save_every", "2", "--eval_every", "100", "--out", str(run))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    final, step = str(run / "final"), checkpoint.latest(str(run))
     exported = checkpoint.to_hf(step, str(tmp_path / "exported"))
     assert end_tokens(exported, tokenizer) == end_tokens(final, tokenizer) == ends and len(ends) == 2
-    results = [evaluation.main(["--model", m, "--limit", "16", "--k", "4", "--out", str(tmp_path / f"eval{i}")])
-               for i, m in enumerate((final, step))]
-    drop = lambda r: {k: v for k, v in r["classroom"].items() if k != "seconds"}
-    assert drop(results[0]) == drop(results[1]) and results[0]["classroom"]["boxed"] < 1
+    results = []
+    for i, m in enumerate((final, step)):
+        done = script("eval.py", "--model", m, "--limit", "16", "--k", "4", "--out", str(tmp_path / f"eval{i}"))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        results.append(json.load(open(tmp_path / f"eval{i}" / "results.json"))["results"]["classroom"])
+    drop = lambda r: {k: v for k, v in r.items() if k != "seconds"}
+    assert drop(results[0]) == drop(results[1]) and results[0]["boxed"] < 1
 
 
 def test_an_engine_that_does_not_run_the_trainers_weights_stops_the_run(tmp_path, monkeypatch, tiny_model_dir):
