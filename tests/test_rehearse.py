@@ -1,6 +1,7 @@
-"""tools/rehearse.py, the seed run rehearsed on a CPU: its short form runs here (CI's), over real rows of OpenRS that
-include row 4303, the row without gold that stopped every label method; GPUS.md holds the whole rehearsal's output,
-whose figures that follow from the data and the script alone are recomputed here."""
+"""tools/rehearse.py, the seed run rehearsed on a CPU: its short form runs over real rows of OpenRS that include row
+4303, the row without gold that stopped every label method (`pytest -m slow`; CI runs `tools/rehearse.py --short` as a
+step of its own, .ci/run); GPUS.md holds the whole rehearsal's output, whose figures that follow from the data and the
+script alone are recomputed here."""
 import os
 import re
 import subprocess
@@ -20,7 +21,7 @@ def rehearsal_block():
 
 
 @pytest.mark.vllm                          # the seed run samples with vLLM
-@pytest.mark.first
+@pytest.mark.slow                          # two minutes; CI runs the script itself (.ci/run)
 def test_the_short_rehearsal_trains_over_row_4303_and_evaluates_its_checkpoint_as_its_final_model(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "rehearse.py"), "--short", "--out",
                            str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=1200)

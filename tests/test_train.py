@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass, field
 
 import pytest
@@ -87,6 +88,7 @@ def run_in_process(out, method, *extra):
             train.main(["--method", method, "--out", str(out), *extra])
         except Exception as e:          # noqa: BLE001  (the test that made the run looks at it)
             run.error = e
+            traceback.print_exc()         # shown if the test fails
     metrics = os.path.join(str(out), "metrics.jsonl")
     run.lines = [json.loads(x) for x in open(metrics).read().splitlines()] if os.path.exists(metrics) else []
     return run
