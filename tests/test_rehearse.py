@@ -44,8 +44,8 @@ def test_gpus_md_shows_the_whole_rehearsal_as_the_script_runs_it():
     assert len(checks) >= 15 and set(checks) == {"held"}
     minutes = float(re.search(r"^rehearsal passed \((\S+) min\)", block, re.M).group(1))
     assert minutes <= 30
-    changed = ", ".join(f"{f} {v} (the seed's {was})" for f, v, was in rehearse.CPU_SETTINGS["full"])
-    assert f"changed for a CPU: {changed};" in block
+    assert f"changed for a CPU: {rehearse.changed(rehearse.CPU_SETTINGS['full'])};" in block
+    assert "changed for a CPU: --group_size 2 (the seed's 8), --eval_limit 128 (the seed's all 5,000);" in block
     assert "0 pairs over --max_prompt_len 512" in block
     pairs = [None] * 6999
     steps = rehearse.steps_to_draw_every_row(pairs, 0, 128)

@@ -244,7 +244,7 @@ def test_a_checkpoint_keeps_the_models_end_tokens_and_evaluates_as_final(tmp_pat
     checkpoint's model folder (to_hf) ends responses at the same tokens as final/, and eval.py on the two, the same
     weights, gives identical results. The random model samples the extra end token often: without it, a response runs
     on (checkpoints saved only config.json, and to_hf derived a generation_config from it: the EOS alone). The run and
-    the evaluations are processes of their own, as a user runs them: three engines in this one would outlive it."""
+    the evaluations are processes of their own, as a user runs them."""
     from transformers import AutoTokenizer, GenerationConfig
     from harness import checkpoint
     from rollout import end_tokens

@@ -2,7 +2,7 @@
 checkpoint cadence, a lost rank and the paper's evaluation, with a stand-in for Qwen3-4B-Base (tools/standin.py).
 
     python tools/rehearse.py                 # about 20 minutes on 2 cores
-    python tools/rehearse.py --short         # CI's: a few steps over real rows that include row 4303, 3 minutes
+    python tools/rehearse.py --short         # CI's: a few steps over real rows that include row 4303, 2 minutes
 
 The seed command is `python train.py --ranks 8 --method coreward1 --model Qwen/Qwen3-4B-Base --data openrs`. Here it
 runs on 2 ranks (torchrun, gloo) with the stand-in, every setting the `official` preset's but those a CPU cannot hold
@@ -25,6 +25,7 @@ in half an hour, each named with its value where the rehearsal starts (CPU_SETTI
 prints what it ran and what held; the exit status is 1 if anything did not. The runs' consoles: OUT/*.log.
 """
 import argparse
+import itertools
 import json
 import math
 import os
@@ -38,13 +39,15 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 import standin  # noqa: E402
+from config import PRESETS  # noqa: E402
+from trial import logged  # noqa: E402
 
 SEED_COMMAND = ["--method", "coreward1", "--data", "openrs"]          # and --model, --ranks
 RANKS, ROW = 2, 4303                   # the ranks here; the row without gold that the seed run stopped on
-# The settings a CPU cannot hold, as (flag, value here, the seed's value): the rest are the official preset's.
-CPU_SETTINGS = {"full": [("--group_size", 2, "8"), ("--eval_limit", 128, "all 5,000")],
-                "short": [("--group_size", 2, "8"), ("--questions_per_step", 16, "128"), ("--eval_limit", 16,
-                                                                                          "all 5,000")]}
+OFFICIAL = PRESETS["official"]         # the seed run's settings
+# The settings a CPU cannot hold, and their values here: the rest are the official preset's.
+CPU_SETTINGS = {"full": {"group_size": 2, "eval_limit": 128},
+                "short": {"group_size": 2, "questions_per_step": 16, "eval_limit": 16}}
 OTHER_RUNS = [("gt", "openrs"), ("majority", "openrs"), ("coreward2", "openrs"), ("coreward3", "openrs"),
               ("self_harmony", "openrs"), ("coreward1", "math"), ("coreward1", "dapo")]
 OTHER_STEPS, PAPER_LIMIT = 3, {"full": 8, "short": 2}
@@ -56,6 +59,8 @@ class Rehearsal:
         self.out, self.short, self.failed, self.seed_ok = out, short, [], False
         self.model = os.path.join(out, "standin")
         self.settings = CPU_SETTINGS["short" if short else "full"]
+        self.setting_flags = [x for name, value in self.settings.items() for x in (f"--{name}", str(value))]
+        self.questions = self.settings.get("questions_per_step", OFFICIAL["questions_per_step"])
 
     def check(self, what, holds):
         """One thing the phase checks: printed as held, or as NOT held and counted."""
@@ -74,12 +79,12 @@ class Rehearsal:
             job = subprocess.Popen(command, stdout=console, stderr=subprocess.STDOUT,
                                    env={**os.environ, "REHEARSAL_RUN": run})
             if kill_rank_at is not None:
-                while job.poll() is None and kill_rank_at not in steps_logged(run):
+                while job.poll() is None and kill_rank_at not in {r["step"] for r in logged(run)}:
                     time.sleep(0.2)
                 time.sleep(1.0)                                    # into the next step's rollout or update
                 os.kill(rank_pid(run, 1), signal.SIGKILL)
             status = job.wait()
-        return status, open(log).read(), records(run)
+        return status, open(log).read(), logged(run)
 
     # ---------------------------------------------------------------------------------------------------- the phases
 
@@ -93,26 +98,27 @@ class Rehearsal:
         encode = data.prompt_encoder(tokenizer)
         self.pairs = data.load_training("openrs", "both")[0]
         prompts = [encode(q) for p in self.pairs for q in (p.original, p.rephrased)]
-        self.kept = data.drop_long(self.pairs, lambda p: [encode(p.original), encode(p.rephrased)], 512, "pairs")
+        longest = OFFICIAL["max_prompt_len"]
+        self.kept = data.drop_long(self.pairs, lambda p: [encode(p.original), encode(p.rephrased)], longest, "pairs")
+        self.row_seed = first_seed_drawing(self.kept, ROW, self.questions)      # gt's, and --short's seed run
         ends, eos = end_tokens(self.model, tokenizer), tokenizer.eos_token_id
         self.check(f"end tokens {ends} (generation_config's) beside the tokenizer's EOS {eos}", len(ends) > 1)
         self.check(f"no unknown token in the {len(prompts):,} OpenRS prompts (the chat template's, the longest "
                    f"{max(map(len, prompts))} tokens); {len(self.pairs) - len(self.kept)} pairs over --max_prompt_len "
-                   f"512", data.unknown_token_warning(tokenizer, prompts, "prompts") is None)
+                   f"{longest}", data.unknown_token_warning(tokenizer, prompts, "prompts") is None)
 
     def seed_run(self):
         import train
         from harness import checkpoint
-        questions = int(dict((f, v) for f, v, _ in self.settings).get("--questions_per_step", 128))
-        seed = first_seed_drawing(self.kept, ROW, questions) if self.short else 0
-        steps = 3 if self.short else steps_to_draw_every_row(self.kept, seed, questions)
-        self.flags = [*SEED_COMMAND, *(x for f, v, _ in self.settings for x in (f, str(v))), "--steps", str(steps),
-                      "--seed", str(seed)]
-        changed = ", ".join(f"{f} {v} (the seed's {was})" for f, v, was in self.settings)
-        why = f"--seed {seed} (the seed's 0): the first seed whose first step draws row {ROW}" if self.short else \
-            "the steps by which every row is drawn"
+        seed = self.row_seed if self.short else OFFICIAL["seed"]
+        steps = 3 if self.short else steps_to_draw_every_row(self.kept, seed, self.questions)
+        self.flags = [*SEED_COMMAND, *self.setting_flags, "--steps", str(steps), "--seed", str(seed)]
+        why = f"--seed {seed} (the seed's {OFFICIAL['seed']}): the first seed whose first step draws row {ROW}" \
+            if self.short else "the steps by which every row is drawn"
+        seed_steps = train.run_length(OFFICIAL["epochs"], len(self.kept), OFFICIAL["questions_per_step"])
         print(f"2. the seed run: train.py --ranks {RANKS} --model STANDIN {' '.join(self.flags)}\n"
-              f"   changed for a CPU: {changed}; --steps {steps} (the seed's --epochs 3, 162 steps), {why}", flush=True)
+              f"   changed for a CPU: {changed(self.settings)}; --steps {steps} (the seed's --epochs "
+              f"{OFFICIAL['epochs']}, {seed_steps} steps), {why}", flush=True)
         t0 = time.perf_counter()
         status, console, lines = self.train("seed", self.flags)
         self.seed_records = [r for r in lines if "reward" in r]
@@ -123,18 +129,17 @@ class Rehearsal:
                    f"the run: {failure(console)}", self.seed_ok)
         if not self.seed_ok:
             return
-        drawn = drawn_by_step(self.kept, seed, questions, steps)
+        steps_rows = list(itertools.islice(draws(self.kept, seed, self.questions), steps))
+        drawn = [rows for rows, _ in steps_rows]
         first = min(s for s, rows in enumerate(drawn, 1) if ROW in rows)
         every = set().union(*drawn) == set(range(len(self.kept)))
         self.check(f"row {ROW} (no gold) drawn in step {first}" if self.short else
                    f"every one of the {len(self.kept):,} OpenRS rows drawn, row {ROW} (no gold) first in step {first}",
                    first == 1 if self.short else every)
         saved = checkpoint.read_trainer_state(checkpoint.latest(os.path.join(self.out, "seed")))
-        simulated = train.Questions.shuffled(self.kept, seed)
-        for _ in range(steps):
-            simulated.take(questions, 0, RANKS)
+        rank_0 = steps_rows[-1][1]
         self.check("the run's data order and cursor are those the rows were counted from (its last checkpoint)",
-                   (saved["order"], saved["cursor"]) == (simulated.order, simulated.cursor))
+                   (saved["order"], saved["cursor"]) == (rank_0.order, rank_0.cursor))
         if len(self.seed_records) >= first:
             r = self.seed_records[first - 1]
             print(f"   step {first}: reward {r['reward']:.3f}, label_acc {r['label_acc']:.3f} (its graded groups), "
@@ -145,7 +150,7 @@ class Rehearsal:
     def lost_rank(self):
         import torch
         from safetensors.torch import load_file
-        every = 10
+        every = OFFICIAL["save_every"]
         at = 2 * every + 2
         print(f"3. a lost rank: the same command with --max_restarts 1; rank 1 killed (SIGKILL) in step {at + 1}, "
               f"after step_{2 * every}'s checkpoint (--save_every {every}, the seed's)", flush=True)
@@ -195,13 +200,12 @@ class Rehearsal:
     def other_runs(self):
         runs = OTHER_RUNS[:1] if self.short else OTHER_RUNS
         print(f"5. the other methods and data, {OTHER_STEPS} steps each", flush=True)
-        settings = [x for f, v, _ in self.settings for x in (f, str(v))]
-        questions = int(dict((f, v) for f, v, _ in self.settings).get("--questions_per_step", 128))
         for method, source in runs:
-            seed = first_seed_drawing(self.kept, ROW, questions) if method == "gt" else 0
+            seed = self.row_seed if method == "gt" else OFFICIAL["seed"]
             t0 = time.perf_counter()
-            status, console, lines = self.train(f"{method}_{source}", ["--method", method, "--data", source, *settings,
-                                                                  "--steps", str(OTHER_STEPS), "--seed", str(seed)])
+            status, console, lines = self.train(f"{method}_{source}", ["--method", method, "--data", source,
+                                                                       *self.setting_flags, "--steps",
+                                                                       str(OTHER_STEPS), "--seed", str(seed)])
             steps = [r for r in lines if "reward" in r]
             shown = ", ".join(f"{r['reward']:.2f}" for r in steps)
             what = f"{method} on {source} (--seed {seed}): status {status}, rewards {shown} " \
@@ -217,21 +221,36 @@ class Rehearsal:
 
 # ------------------------------------------------------------------------------------------------ the data order
 
-def drawn_by_step(pairs, seed, questions, steps):
-    """[{rows}] the rows each step draws over both ranks, as train.Questions takes them (each rank its own copy)."""
+def changed(settings):
+    """The CPU's settings beside the seed run's, as the rehearsal names them."""
+    def seed_value(name):
+        if name == "eval_limit" and OFFICIAL[name] is None:
+            from harness import data
+            return f"all {len(data.load_benchmark(OFFICIAL['eval_data'])):,}"
+        return OFFICIAL[name]
+    return ", ".join(f"--{name} {value} (the seed's {seed_value(name)})" for name, value in settings.items())
+
+
+def draws(pairs, seed, questions):
+    """Step after step: (the rows it draws over both ranks, rank 0's train.Questions after it), as the run's ranks take
+    them (each its own copy of the shuffle)."""
     import train
     ranks = [train.Questions.shuffled(pairs, seed) for _ in range(RANKS)]
-    return [set().union(*(set(q.take(questions, r, RANKS)[0]) for r, q in enumerate(ranks))) for _ in range(steps)]
+    while True:
+        yield set().union(*(q.take(questions, r, RANKS)[0] for r, q in enumerate(ranks))), ranks[0]
+
+
+def drawn_by_step(pairs, seed, questions, steps):
+    """[{rows}] the rows each of the first `steps` steps draws (`draws`)."""
+    return [rows for rows, _ in itertools.islice(draws(pairs, seed, questions), steps)]
 
 
 def steps_to_draw_every_row(pairs, seed, questions):
-    import train
-    ranks, seen, step = [train.Questions.shuffled(pairs, seed) for _ in range(RANKS)], set(), 0
-    while len(seen) < len(pairs):
-        step += 1
-        for r, q in enumerate(ranks):
-            seen.update(q.take(questions, r, RANKS)[0])
-    return step
+    seen = set()
+    for step, (rows, _) in enumerate(draws(pairs, seed, questions), 1):
+        seen |= rows
+        if len(seen) == len(pairs):
+            return step
 
 
 def first_seed_drawing(pairs, row, questions):
@@ -246,16 +265,6 @@ def failure(console):
     lines = [line.strip() for line in console.replace("\r", "\n").splitlines() if line.strip()]
     errors = [line for line in lines if re.match(r"(\[rank\d+\]: )?\w*(Error|Exception): ", line)]
     return (errors or lines or ["no output"])[0 if errors else -1]
-
-
-def records(run):
-    path = os.path.join(run, "metrics.jsonl")
-    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
-
-
-def steps_logged(run):
-    path = os.path.join(run, "metrics.jsonl")
-    return {json.loads(line)["step"] for line in open(path) if line.endswith("\n")} if os.path.exists(path) else set()
 
 
 def rank_pid(run, rank):
