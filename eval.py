@@ -8,15 +8,16 @@
     boxed    the share of all 1 + k responses with a final answer (a \\boxed{}), the format the rewards read
 
 The paper's metrics (Appendix C.3, Table 5): MATH500 and GSM8K pass@1 (lighteval), AMC avg@8 (ttrl), at temperature
-0.8. `--paper` measures all three as avg@8 (pass@1's expectation, with less variance) at 0.8, up to 3,072 tokens (the
-training limit; the paper states none for evaluation), beside Table 8's values for Qwen3-4B-Base on OpenRS.
+0.8. `--paper` measures all three as avg@8 (pass@1's expectation, with less variance) at the official preset's
+settings (its tokens: the training limit; the paper states none), beside Table 8's values for Qwen3-4B-Base on OpenRS.
 
     python eval.py --model runs/coreward1/final          # the classroom test split
     python eval.py --model runs/coreward1/checkpoints/step_40      # a training checkpoint
     python eval.py --model runs/coreward1-Qwen3-4B-Base/final --paper   # the paper's Table 8 metrics
 
-Benchmarks: `classroom` (the default, at its training temperature 1.0) and harness/data.py's math500, gsm8k, amc,
-amc23, aime24, aime25, math5000. Writes results.md and results.json to --out (`default_out`), keeping results already
+A model is evaluated as its training evaluated it: a flag left out takes its setting's value in the preset of the
+model's run (`preset_of`; --paper: the official preset). Benchmarks: `classroom` and harness/data.py's math500, gsm8k,
+amc, amc23, aime24, aime25, math5000. Writes results.md and results.json to --out (`default_out`), keeping those
 there unless --overwrite. A training checkpoint is first written out as a temporary model folder (checkpoint.to_hf).
 """
 import argparse
@@ -29,13 +30,24 @@ import tempfile
 import time
 
 import config
-from harness import checkpoint, data
+from harness import checkpoint, data, world
 from harness.errors import FolderInUse, exit_on_usage_error
 from harness.answers import extract_answer, is_equiv, majority_vote
 
-# The classroom preset's settings on the classroom, the official's elsewhere: eval.py reproduces what training printed.
-CLASSROOM, OFFICIAL = config.PRESETS["classroom"], config.PRESETS["official"]
+# eval.py's flags that are a training setting, each defaulting to its setting's value in the model's preset
+# (preset_of): (flag, setting, argparse options, help).
+AS_IN_TRAINING = [
+    ("benchmarks", "eval_data", {}, "comma-separated benchmark names"),
+    ("k", "eval_k", dict(type=int), "samples per question beside the greedy one (0: greedy only)"),
+    ("temperature", "eval_temperature", dict(type=float), "the samples' temperature"),
+    ("max_tokens", "max_response_len", dict(type=int), "response tokens at most"),
+    ("seed", "seed", dict(type=int), "seeds each question's samples (rollout.request_seed)"),
+    ("backend", "backend", dict(choices=config.BACKENDS), "the engine: vllm, transformers' generate (hf), or auto"),
+    ("dtype", "dtype", dict(choices=config.DTYPES), "the engine's dtype"),
+    ("gpu_memory_utilization", "gpu_memory_utilization", dict(type=float), "the share of the GPU vLLM takes"),
+]
 PAPER_BENCHMARKS = {"math500": "MATH500 pass@1", "gsm8k": "GSM8K pass@1", "amc": "AMC avg@8"}
+PAPER_K = 8                                                         # --paper's samples: avg@8
 # The paper's Table 8 (p. 21), Qwen3-4B-Base trained on OpenRS, in percent: MATH500 / GSM8K / AMC.
 PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55),
                 "self_certainty": (73.20, 33.43, 35.84), "entropy": (76.80, 87.57, 42.62),
@@ -44,9 +56,8 @@ PAPER_TABLE8 = {"before RL": (71.20, 26.15, 21.08), "gt": (78.80, 85.22, 49.55),
 
 
 def pass_at_k(n, c, k):
-    """pass@k of a question with n samples, c of them right: the chance that at least one of k samples drawn
-    without replacement from the n is right, 1 - C(n - c, k) / C(n, k), the unbiased estimator of Chen et al.
-    (2021, Codex), 1.0 when n - c < k; computed as their product form 1 - prod_{i = n - c + 1}^{n} (1 - k / i)."""
+    """pass@k of a question with n samples, c of them right: 1 - C(n - c, k) / C(n, k), the unbiased estimator of
+    Chen et al. (2021, Codex), in their product form 1 - prod_{i = n - c + 1}^{n} (1 - k / i); 1.0 when n - c < k."""
     if not 1 <= k <= n:
         raise ValueError(f"pass@k needs 1 <= k <= n (k of the n samples), got k={k}, n={n}")
     if not 0 <= c <= n:
@@ -61,16 +72,13 @@ def pass_ks(k):
     return [2 ** e for e in range(k.bit_length()) if 2 ** e < k] + ([k] if k >= 1 else [])
 
 
-def eval_counts(engine, prompt_ids, gold, k=CLASSROOM["eval_k"], temperature=CLASSROOM["eval_temperature"],
-                max_tokens=CLASSROOM["max_response_len"], seed=CLASSROOM["seed"], indices=None, keep=0, tally=None):
-    """(sums, examples) over this share of the questions: sums, not means, so that ranks' shares add up; `tally`, a
+def eval_counts(engine, prompt_ids, gold, k, temperature, max_tokens, seed, indices=None, keep=0, tally=None):
+    """(sums, examples) over this share of the questions; sums, not means, so that ranks' shares add up: "n", "greedy",
+    "avg", "maj", "boxed" and, when k > 0, "pass" (pass@k) and "pass@j" for j in pass_ks(k). examples: the first
+    `keep` questions' greedy response and first sample, with answer, gold and 0/1 reward (samples.jsonl). `tally`, a
     list, gets each question's [right ones of the k samples, greedy right (0/1)] (eval.py --per_question).
-    sums: {"n", "greedy", "avg", "maj", "boxed"} and, when k > 0, "pass" (pass@k: any of the k is right) and "pass@j"
-    for j in pass_ks(k), each the sum over questions of pass_at_k(k, right ones, j). examples: the first `keep`
-    questions' greedy response and first sample, with answer, gold and 0/1 reward (train.py writes samples.jsonl).
-    Question i (`indices`: places in the benchmark, default 0, 1, ...) samples with the seed
-    rollout.request_seed(seed, "eval", 0, i), without the step: every evaluation samples a question from the same
-    streams, so evaluations differ by the model alone, a share gives what the whole would, and eval.py repeats any."""
+    Question i (`indices`: places in the benchmark, default 0, 1, ...) samples with rollout.request_seed(seed, "eval",
+    0, i), without the step: evaluations differ by the model alone, and a share gives what the whole would."""
     from rollout import request_seed
     indices = range(len(prompt_ids)) if indices is None else indices
     seeds = [request_seed(seed, "eval", 0, i) for i in indices]
@@ -117,16 +125,12 @@ def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None, prompt="
     format (data.PROMPTS[prompt]); with max_prompt_len, longer prompts are dropped and counted."""
     encode = data.prompt_encoder(tokenizer, name == "classroom", prompt)
     if name == "classroom":
-        pairs = data.classroom_pairs("test")[:limit]
-        prompts, gold = [encode(p.original) for p in pairs], [p.answer for p in pairs]
+        pairs = [(encode(p.original), p.answer) for p in data.classroom_pairs("test")[:limit]]
     else:
-        problems = data.load_benchmark(name, limit)
-        prompts, gold = [encode(p.question) for p in problems], [p.answer for p in problems]
+        pairs = [(encode(p.question), p.answer) for p in data.load_benchmark(name, limit)]
     if max_prompt_len is not None:
-        kept = data.drop_long(list(zip(prompts, gold)), lambda question: [question[0]], max_prompt_len,
-                              f"{name} questions")
-        prompts, gold = [p for p, _ in kept], [g for _, g in kept]
-    return prompts, gold
+        pairs = data.drop_long(pairs, lambda pair: [pair[0]], max_prompt_len, f"{name} questions")
+    return [p for p, _ in pairs], [g for _, g in pairs]
 
 
 def markdown_table(results, k):
@@ -157,49 +161,43 @@ def default_out(model):
     return os.path.join("runs", "eval", f"{readable[-80:]}-{hashlib.sha1(path.encode()).hexdigest()[:8]}")
 
 
+def preset_of(model):
+    """The preset of `model`'s training, whose settings eval.py takes: a checkpoint's run's (its config.json), the
+    classroom base model's classroom, else config.preset_of's (a run's model folder: its run's; any other: official)."""
+    if checkpoint.is_checkpoint(model):
+        return checkpoint.read_config(model).get("preset", "classroom")
+    base = os.path.realpath(os.path.expanduser(model)) == os.path.realpath(world.BASE_DIR)
+    return "classroom" if base else config.preset_of(model)[0]
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True,
                     help="a model folder (the classroom's base model: classroom/base), a Hugging Face id, or a "
                          "training checkpoint (OUT/checkpoints/step_S)")
-    ap.add_argument("--benchmarks", default="classroom", help="comma-separated benchmark names")
-    ap.add_argument("--k", type=int, default=8, help="samples per question beside the greedy one (0: greedy only)")
-    ap.add_argument("--temperature", type=float, default=None,
-                    help=f"default: {CLASSROOM['eval_temperature']} on the classroom, else "
-                         f"{OFFICIAL['eval_temperature']} (the presets' --eval_temperature)")
-    ap.add_argument("--max_tokens", type=int, default=None,
-                    help=f"default: {CLASSROOM['max_response_len']} on the classroom, else "
-                         f"{OFFICIAL['max_response_len']} (the presets' --max_response_len)")
-    ap.add_argument("--limit", type=int, default=None, help="the first N questions of each benchmark")
+    ap.add_argument("--preset", choices=list(config.PRESETS), help="whose settings (default: the model's, preset_of)")
+    for flag, name, options, help in AS_IN_TRAINING:
+        ap.add_argument(f"--{flag}", help=f"{help} (default: the preset's --{name}{config.values_of(name)})", **options)
+    ap.add_argument("--limit", type=int, help="the first N questions of each benchmark")
     ap.add_argument("--prompt", choices=list(data.PROMPTS), default="official",
                     help="how a question is asked (data.PROMPTS; the classroom's own tokenizer has its format)")
-    ap.add_argument("--out", default=None,
-                    help="folder for results.md and results.json "
-                         "(default: runs/eval/ + the model's path + a hash of it)")
+    ap.add_argument("--out", help="folder for results.md and results.json (default: runs/eval/ + the model's path + "
+                                  "a hash of it)")
     ap.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
-    ap.add_argument("--backend", choices=config.BACKENDS, default="auto",
-                    help="the engine: vllm, transformers' generate (hf), or auto: vLLM where it is installed, else hf")
-    ap.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU (the official preset's), else float32")
-    ap.add_argument("--gpu_memory_utilization", type=float, default=0.9,
-                    help="the share of the GPU vLLM takes: eval.py is alone on it")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--per_question", action="store_true",
                     help="results.json also holds each question's [right ones of the k samples, greedy right]")
     ap.add_argument("--paper", action="store_true",
-                    help="the paper's metrics: math500, gsm8k and amc, k 8, temperature 0.8, 3072 tokens, "
-                         "beside its Table 8")
+                    help=f"the paper's metrics: {', '.join(PAPER_BENCHMARKS)}, k {PAPER_K}, with the official preset's "
+                         f"settings, beside its Table 8")
     args = ap.parse_args(argv)
-    if args.dtype is None:
-        import torch
-        args.dtype = "bfloat16" if torch.cuda.is_available() else "float32"
     if args.paper:
-        args.benchmarks, args.k = ",".join(PAPER_BENCHMARKS), 8
-        args.temperature = 0.8 if args.temperature is None else args.temperature
+        args.benchmarks, args.k = ",".join(PAPER_BENCHMARKS), PAPER_K
+    args.preset = args.preset or ("official" if args.paper else preset_of(args.model))
+    for flag, name, *_ in AS_IN_TRAINING:
+        if getattr(args, flag) is None:
+            setattr(args, flag, config.PRESETS[args.preset][name])
     args.backend, _ = config.choose_backend(args.backend)
     args.benchmarks = args.benchmarks.split(",")
-    preset = args.preset = CLASSROOM if args.benchmarks == ["classroom"] else OFFICIAL
-    args.temperature = args.temperature if args.temperature is not None else preset["eval_temperature"]
-    args.max_tokens = args.max_tokens if args.max_tokens is not None else preset["max_response_len"]
     return args
 
 
@@ -208,8 +206,8 @@ def main(argv=None):
     model = args.model
     out = args.out or default_out(model)
     if os.path.exists(os.path.join(out, "results.json")) and not args.overwrite:
-        raise FolderInUse(f"{out} already holds results (results.json); pass --overwrite to replace them, "
-                              f"or --out another folder. Nothing was run")
+        raise FolderInUse(f"{out} already holds results (results.json); pass --overwrite to replace them, or --out "
+                          f"another folder. Nothing was run")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = checkpoint.to_hf(model, tmp) if checkpoint.is_checkpoint(model) else model
         results = evaluate_model(model_dir, args)
@@ -223,9 +221,8 @@ def main(argv=None):
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"model": model, **{k: v for k, v in vars(args).items() if k not in ("model", "preset")},
-                   "results": results},
-                  f, indent=1)
+        json.dump({"model": model, **{k: v for k, v in vars(args).items() if k != "model"}, "results": results}, f,
+                  indent=1)
     print(f"wrote {out}/results.md and results.json")
     return results
 
@@ -238,18 +235,19 @@ def evaluate_model(model_dir, args):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sets = {name: benchmark_prompts(tokenizer, name, args.limit, prompt=args.prompt) for name in args.benchmarks}
     longest = max(len(p) for prompts, _ in sets.values() for p in prompts)
+    preset = config.PRESETS[args.preset]
     engine = make_engine(args.backend, model_dir, max_prompt_len=longest, max_response_len=args.max_tokens,
                          dtype=args.dtype, gpu_memory_utilization=args.gpu_memory_utilization,
-                         cpu_kv_cache_gib=args.preset["cpu_kv_cache_gib"])
+                         cpu_kv_cache_gib=preset["cpu_kv_cache_gib"], hf_kv_budget_gib=preset["hf_kv_budget_gib"])
     results = {}
     for name, (prompts, gold) in sets.items():
         t0 = time.perf_counter()
         tally = [] if args.per_question else None
         sums, _ = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens, args.seed, tally=tally)
         results[name] = {"n": len(gold), **accuracies(sums, args.k), "seconds": round(time.perf_counter() - t0, 1)}
+        print(f"{name}: {results[name]}")
         if tally is not None:
             results[name]["per_question"] = tally
-        print(f"{name}: {({k: v for k, v in results[name].items() if k != 'per_question'})}")
     engine.close()
     return results
 

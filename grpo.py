@@ -37,9 +37,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from harness.errors import NonFiniteError
+from harness.errors import stop_if_non_finite
 from harness.logprobs import token_logprobs, token_values
-from harness.sharding import all_sum, reshard
+from harness.record import LossSums, add
+from harness.sharding import all_sum, micro_batches_for_all_ranks, reshard
 
 
 def call(fn, **available):
@@ -87,16 +88,11 @@ class Batch:
     advantages: torch.Tensor        # [N]
     sampler_logp: torch.Tensor      # [N, T-1] the sampler's log-probs (0 off the mask)
     view: torch.Tensor              # [N] long: the view whose token mean the sequence's loss joins
-    weight: torch.Tensor            # [N, T-1] each token's loss weight (ones from make_batch; 0 on a group the group
-                                    # filter drops): it scales the token's loss and its count (LOSS_AGG_TABLE)
+    weight: torch.Tensor            # [N, T-1] each token's loss weight (LOSS_AGG_TABLE; ones from make_batch)
     truncated: torch.Tensor | None = None   # [N] bool: the response was cut at the length limit
 
     def __len__(self):
         return len(self.input_ids)
-
-    def lengths(self):
-        """[N] tokens of each sequence, prompt and response."""
-        return sequence_lengths(self.mask)
 
     def rows(self, idx):
         """The rows `idx`, cut to the longest of them: no micro-batch computes another's padding."""
@@ -135,12 +131,10 @@ def make_batch(samples, pad_id, device):
 # Between the rewards and the loss: overlong responses, the groups that train, the advantages
 
 def no_overlong_shaping(rewards):
-    """The rewards as they are, every response's weight 1 (the official code)."""
     return rewards, torch.ones_like(rewards)
 
 
 def mask_truncated(rewards, truncated):
-    """A response cut at the length limit gets loss weight 0 (DAPO's overlong filtering)."""
     return rewards, (~truncated).float()
 
 
@@ -161,14 +155,17 @@ OVERLONG_TABLE = [
 OVERLONGS = dict(OVERLONG_TABLE)
 
 
+def zero_variance(rewards):
+    """[groups] bool: the group's G rewards are all equal (zero advantages: no learning signal)."""
+    return (rewards == rewards[:, :1]).all(-1)
+
+
 def keep_every_group(rewards):
-    """[groups] True: every group trains (the official code)."""
     return torch.ones(rewards.shape[0], dtype=torch.bool)
 
 
 def drop_zero_variance(rewards):
-    """[groups] False where a group's G rewards are all equal (DAPO's filter)."""
-    return ~(rewards == rewards[:, :1]).all(-1)
+    return ~zero_variance(rewards)
 
 
 # --group_filter: which groups train. rewards [groups, G] -> keep [groups] bool. A dropped group gets loss weight 0
@@ -199,7 +196,6 @@ def batch_std(rewards, eps):
 
 
 def unit_scale(rewards):
-    """[1, 1] 1: r - mean(r), unscaled."""
     return rewards.new_ones(1, 1)
 
 
@@ -218,11 +214,9 @@ def group_advantages(rewards, eps=1e-6, scale=group_std):
     group's std + eps. A group whose rewards are all equal gets zeros, exactly: tested for, not computed, as the
     float32 mean of equal non-dyadic rewards can miss them by a rounding, which eps alone would blow up to |A| ~ 2."""
     if rewards.shape[-1] < 2:
-        raise ValueError(f"groups of {rewards.shape[-1]} response(s): advantages normalise within a group, "
-                         f"which needs at least 2")
-    equal = (rewards == rewards[:, :1]).all(-1, keepdim=True)                                  # [P, 1]
+        raise ValueError(f"groups of {rewards.shape[-1]} response(s): advantages normalise within a group of ≥ 2")
     mean = rewards.mean(-1, keepdim=True)
-    return torch.where(equal, 0.0, (rewards - mean) / call(scale, rewards=rewards, eps=eps))
+    return torch.where(zero_variance(rewards)[:, None], 0.0, (rewards - mean) / call(scale, rewards=rewards, eps=eps))
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,8 +242,7 @@ def clipped_surrogate(ratio, adv, low, high):
 
 
 def token_clip(logp, old_logp, adv, low, high):
-    """PPO's clip on each token's ratio ρ_t = π_θ / π_old, its log clamped to ±20 before the exp as verl's (a token
-    π_old gave e^-89 would overflow float32); no dual clip (RECIPE.md)."""
+    """PPO's clip on each token's ratio ρ_t = π_θ / π_old, its log clamped to ±20 (verl); no dual clip (RECIPE.md)."""
     return clipped_surrogate(torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), adv, low, high)
 
 
@@ -290,8 +283,7 @@ POLICY_LOSS_SETTINGS = {name: {"clip_eps": low, "clip_high": high, "loss_agg": a
 
 @dataclass
 class Normalizers:
-    """A mini-batch's sums over all ranks, each divided by the world size W (`loss_normalizers_over_ranks`); a
-    zero sum is taken as W, so that a normaliser is never 0."""
+    """A mini-batch's sums over all ranks / the world size W; a zero sum is taken as W: a normaliser is never 0."""
     view_tokens: torch.Tensor   # [VIEWS] the weight of each view's response tokens (its token count when weights are 1)
     tokens: torch.Tensor        # [] the weight of every response token
     sequences: torch.Tensor     # [] the sequences with any weight
@@ -320,16 +312,14 @@ def seq_mean_token_sum_norm(per_token, n):
 
 # --loss_agg: how an update's tokens' losses add up, the one place each normaliser is stated. (per_token [B, T-1],
 # view [B], weight [B, T-1]: the mask times the loss weights, n: Normalizers) -> this rank's part of the loss.
-# N_tokens(view), N_tokens and N_seq are sums over the update's mini-batch on ALL ranks (one all-reduce,
-# `loss_normalizers_over_ranks`), of loss weights, not tokens: a token's weight (Batch.weight, 0 where a group filter
-# or --overlong mask drops it) scales its loss and its count, so a dropped response leaves the sums and the means, its
-# KL term too; N_seq counts the sequences with any weight. With every weight 1 the loss is bit for bit the unweighted
-# one. FSDP2 averages gradients over the W ranks, so each rank backpropagates Σ_local / (N / W); micro-batches add
-# up. The result is the gradient of the loss, whatever the number of ranks or micro-batches. A view with no weight
-# contributes 0. A one-view batch's view_token_mean is token_mean. Here each view's mean is over its tokens on all
-# ranks, not per micro-batch as verl's is. Which peer each row equals, on the same tokens and weights (tests/
-# test_losses.py restates theirs): token_mean is verl's token-mean and TRL's dapo; seq_mean_token_mean verl's
-# seq-mean-token-mean and TRL's grpo; seq_mean_token_sum_norm TRL's dr_grpo, and N_seq / W times verl's (verl divides
+# N_tokens(view), N_tokens and N_seq sum loss weights, not tokens, over the update's mini-batch on ALL ranks: a
+# token's weight (Batch.weight, 0 where a group filter or --overlong mask drops it) scales its loss and its count, so
+# a dropped response leaves the sums and the means, its KL term too; with every weight 1 the loss is bit for bit the
+# unweighted one. FSDP2 averages gradients over the W ranks, so each rank backpropagates Σ_local / (N / W), and
+# micro-batches add up: the gradient of the loss, whatever the number of ranks or micro-batches. A view with no weight
+# contributes 0; a one-view batch's view_token_mean is token_mean. Each view's mean is over its tokens on all ranks,
+# not per micro-batch as verl's. Each row equals the peers its verl and TRL columns name, on the same tokens and
+# weights (tests/test_losses.py restates theirs), but seq_mean_token_sum_norm is N_seq / W times verl's (verl divides
 # by L_max alone). Where a peer differs (N_seq counting masked responses; TRL's token mean of the entropy), RECIPE.md.
 #  --loss_agg                agg                         from          verl                      TRL
 LOSS_AGG_TABLE = [
@@ -342,13 +332,10 @@ LOSS_AGGS = dict(LOSS_AGG_TABLE)
 
 
 def grpo_loss(logp, old_logp, ref_logp, entropy, part, n, correction, cfg):
-    """The loss of a micro-batch `part` (a Batch) under `cfg`: the aggregation (LOSS_AGG_TABLE) of each token's
-
-        loss_t = weight_t · (c_t · policy_t + β k3_t - entropy_coef · H_t)
-
-    logp, old_logp, ref_logp, entropy (H), correction (c) [B, T-1]; n: Normalizers. Returns (loss, terms): terms are
-    each token's parts as they enter the loss, weighted and detached [B, T-1], "policy", "kl" and "entropy" (the bonus,
-    with its minus sign), and the clip's "clipped_low" and "clipped_high" (0/1), for the step's metrics."""
+    """The loss of a micro-batch `part` (a Batch) under `cfg`: LOSS_AGG_TABLE's aggregation of each token's loss_t
+    (the module docstring). logp, old_logp, ref_logp, entropy (H), correction (c) [B, T-1]; n: Normalizers. Returns
+    (loss, terms): terms are each token's parts as they enter the loss, weighted and detached [B, T-1], "policy", "kl"
+    and "entropy" (the bonus, with its minus sign), and the clip's "clipped_low" and "clipped_high" (0/1)."""
     low, high = cfg.clip_eps, cfg.clip_eps if cfg.clip_high is None else cfg.clip_high
     policy, below, above = call(POLICY_LOSSES[cfg.policy_loss], logp=logp, old_logp=old_logp,
                                 adv=part.advantages[:, None], mask=part.mask, low=low, high=high)
@@ -362,8 +349,7 @@ def grpo_loss(logp, old_logp, ref_logp, entropy, part, n, correction, cfg):
 
 
 def loss_normalizers_over_ranks(weight, view, world_size, max_response_len):
-    """Normalizers of a mini-batch, one all-reduce of this rank's weight [B, T-1] (the mask times the loss weights)
-    by view [B]: each view's, every token's, and the sequences with any weight, / world_size; W for a sum of 0."""
+    """A mini-batch's Normalizers: one all-reduce of this rank's weight [B, T-1] (mask x loss weights) by view [B]."""
     n = torch.zeros(VIEWS + 2, device=weight.device)
     n[:VIEWS].index_add_(0, view, weight.sum(-1))
     n[VIEWS], n[VIEWS + 1] = weight.sum(), (weight.sum(-1) > 0).sum()
@@ -386,17 +372,14 @@ def sequence_ratios(log_ratio, mask):
 
 
 def unweighted(ratio):
-    """No correction: 1."""
     return torch.ones_like(ratio)
 
 
 def truncated(ratio, cap):
-    """TIS: min(w, C)."""
     return ratio.clamp(max=cap)
 
 
 def masked(ratio, cap):
-    """MIS: w where w ≤ C, 0 above."""
     return torch.where(ratio > cap, torch.zeros_like(ratio), ratio)
 
 
@@ -430,62 +413,26 @@ def rollout_correction(name, old_logp, sampler_logp, mask, cap):
 
 def shape_and_filter(rewards, lengths, truncated, cfg):
     """The rewards shaped (--overlong), each response's loss weight [groups, G], and the groups kept (--group_filter)
-    [groups] bool, of rewards, response lengths (float) and truncation [groups, G]."""
+    [groups] bool, of rewards, response lengths (float) and truncation [groups, G]. Once a step (train.py)."""
     shaped, weight = call(OVERLONGS[cfg.overlong], rewards=rewards, lengths=lengths, truncated=truncated,
                           max_len=cfg.max_response_len, buffer=cfg.overlong_buffer)
     return shaped, weight, call(GROUP_FILTERS[cfg.group_filter], rewards=shaped)
 
 
-def update(policy, ref, optimizer, batch, rewards, cfg, world_size):
-    """The step's update from its rewards [groups, G] (the batch's rows, group by group): each response cut at the
-    length limit shaped (--overlong), the groups that train kept (--group_filter: a dropped group's tokens get loss
-    weight 0), the advantages normalised within each group (--advantage_std), then `train_step`. Returns
-    (train_step's sums, the shaped rewards, the groups kept)."""
+def update(policy, ref, optimizer, batch, shaped, weight, keep, cfg, world_size):
+    """The step's update from `shape_and_filter`'s shaped rewards and loss weights [groups, G] and kept groups
+    [groups] (the batch's rows, group by group): the tokens' loss weights, the advantages, then `train_step`."""
     device = batch.mask.device
-    lengths, cut = batch.mask.sum(-1).cpu().view_as(rewards), batch.truncated.view_as(rewards)      # [groups, G]
-    shaped, weight, keep = shape_and_filter(rewards, lengths, cut, cfg)
     batch.weight *= (keep[:, None] * weight).flatten()[:, None].to(device)
     batch.advantages = group_advantages(shaped, scale=ADVANTAGE_STDS[cfg.advantage_std]).flatten().to(device)
-    return train_step(policy, ref, optimizer, batch, cfg, world_size), shaped, keep
-
-
-def pack_by_tokens(lengths, max_tokens, passes=0):
-    """Rows (indices into `lengths`, the rows' token counts) grouped so that rows x the group's longest row stays
-    within `max_tokens`: sorted longest first, each row joins the current group while it fits (a row longer than the
-    budget goes alone). Then, while there are fewer than `passes` groups, the costliest group of two rows or more is
-    halved."""
-    groups = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    while len(groups) < passes:
-        costly = max((g for g in groups if len(g) > 1), key=lambda g: len(g) * lengths[g[0]])
-        groups.remove(costly)
-        groups += [costly[:len(costly) // 2], costly[len(costly) // 2:]]
-    return groups
-
-
-def micro_batches_for_all_ranks(lengths, cfg):
-    """Row indices [[i, ...], ...] of the sequences with token counts `lengths` [n], one list per forward/backward
-    pass: runs of `cfg.micro_batch_size` rows, or with `cfg.max_tokens_per_micro_batch` `pack_by_tokens`. FSDP pairs
-    its collectives pass by pass, so every rank runs as many passes: the largest count over ranks (a MAX all-reduce;
-    every rank holds as many rows, and a pass at least one, so each rank can make that many)."""
-    n = len(lengths)
-    if not cfg.max_tokens_per_micro_batch:
-        return [list(range(i, min(i + cfg.micro_batch_size, n))) for i in range(0, n, cfg.micro_batch_size)]
-    lengths = lengths.tolist()
-    passes = torch.tensor(len(pack_by_tokens(lengths, cfg.max_tokens_per_micro_batch)))
-    dist.all_reduce(passes, op=dist.ReduceOp.MAX)
-    return pack_by_tokens(lengths, cfg.max_tokens_per_micro_batch, int(passes))
+    return train_step(policy, ref, optimizer, batch, cfg, world_size)
 
 
 @torch.no_grad()
 def score(model, batch, cfg):
     """logp [N, T-1] of a frozen model over the batch's response tokens, in micro-batches."""
     logp = torch.zeros(batch.mask.shape, device=batch.mask.device)
-    for rows in micro_batches_for_all_ranks(batch.lengths(), cfg):
+    for rows in micro_batches_for_all_ranks(sequence_lengths(batch.mask), cfg):
         part = batch.rows(rows)
         logp[rows, :part.mask.shape[1]] = token_logprobs(model, part.input_ids, part.mask, cfg.temperature)[0]
     reshard(model)             # FSDP keeps the root unit (the embedding) gathered after a forward; no backward frees it
@@ -496,8 +443,8 @@ def score(model, batch, cfg):
 def score_responses(model, batch, cfg, fn):
     """[N]: the mean over each response's tokens of fn(log-probs over the vocabulary [c, V]) -> [c], under the model
     at the sampling temperature, in micro-batches (the answer-free rewards)."""
-    out = torch.zeros(len(batch), device=batch.mask.device)
-    for rows in micro_batches_for_all_ranks(batch.lengths(), cfg):
+    out = torch.zeros(len(batch.mask), device=batch.mask.device)
+    for rows in micro_batches_for_all_ranks(sequence_lengths(batch.mask), cfg):
         part = batch.rows(rows)
         out[rows] = token_values(model, part.input_ids, part.mask, cfg.temperature, fn).sum(-1) / part.mask.sum(-1)
     return out
@@ -505,20 +452,17 @@ def score_responses(model, batch, cfg, fn):
 
 def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
     """The reference's log-probs, then `cfg.mini_batches` updates, mini-batch k taking the k-th chunk of `order` (a
-    permutation of the rows, default random). Every rank holds as many sequences, divisible by cfg.mini_batches.
-    Before each optimizer step the ranks agree that every loss, sampler gap and the gradient norm is finite, or all
-    raise NonFiniteError with the weights as they were. --defer_grad_sync reduce-scatters once per update, keeping
-    the unsharded gradients in between. Returns token sums for the record (the caller sums them over ranks; each
-    view's under stats["views"]) and grad_norm, the largest pre-clipping norm among the step's updates."""
-    if len(batch) % cfg.mini_batches:
-        raise ValueError(f"{len(batch)} sequences on this rank do not split into {cfg.mini_batches} equal "
-                         f"mini-batches")
+    permutation of the rows, default random; every rank holds as many rows). Before each optimizer step the ranks
+    agree that every loss, sampler gap and the gradient norm is finite, or all raise NonFiniteError with the weights as
+    they were. Returns this rank's LossSums (harness/record.py), grad_norm the largest pre-clipping norm of the step."""
+    if len(batch.mask) % cfg.mini_batches:
+        raise ValueError(f"{len(batch.mask)} sequences on this rank do not split into {cfg.mini_batches} mini-batches")
     ref_logp = score(ref, batch, cfg)
     old_logp = score(policy, batch, cfg) if cfg.mini_batches > 1 else None
     m = batch.mask
-    stats = {"grad_norm": 0.0, "updates": cfg.mini_batches, "views": [{} for _ in range(VIEWS)]}
-    order = torch.randperm(len(batch)) if order is None else order
-    lengths = batch.lengths()
+    stats = LossSums(updates=cfg.mini_batches)
+    order = torch.randperm(len(batch.mask)) if order is None else order
+    lengths = sequence_lengths(batch.mask)
     for update, mb in enumerate(order.to(m.device).chunk(cfg.mini_batches)):
         n = loss_normalizers_over_ranks(m[mb] * batch.weight[mb], batch.view[mb], world_size, cfg.max_response_len)
         nonfinite = torch.zeros(2, device=m.device)          # [losses, sampler gaps] that are NaN or inf
@@ -545,39 +489,22 @@ def train_step(policy, ref, optimizer, batch, cfg, world_size, order=None):
         norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
         norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         stop_if_non_finite(nonfinite, norm, update, cfg.mini_batches)
-        stats["grad_norm"] = max(stats["grad_norm"], norm)
+        stats.grad_norm = max(stats.grad_norm, norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return stats
 
 
-def stop_if_non_finite(nonfinite, norm, update, updates):
-    """Raise NonFiniteError, before the optimizer steps, when any rank's losses or sampler gaps (`nonfinite`, summed
-    over ranks) or the gradient norm is NaN or infinite."""
-    if nonfinite.any() or not math.isfinite(norm):
-        raise NonFiniteError(
-            f"update {update + 1} of {updates}: {int(nonfinite[0])} non-finite loss(es), {int(nonfinite[1])} "
-            f"non-finite sampler log-prob gap(s), gradient norm {norm}. The update was not applied: the weights are "
-            f"those before it. Look for NaN or infinite rewards or advantages, a rollout engine returning NaN "
-            f"log-probs (its weights), or a learning rate too high for the dtype.")
-
-
-def tally(stats, part, n, cfg, **values):
-    """Add a micro-batch's sums to the step's `stats`: token sums, and the loss and its parts as this rank's share of
-    each update's loss, whole and per view (stats["views"][v], under the same aggregation: the parts add up)."""
+def tally(stats, part, n, cfg, loss, terms, kl, entropy, gap, ratios):
+    """Add a micro-batch's sums to the step's `stats` (LossSums): token sums, and the loss and its parts as this rank's
+    share of each update's loss, whole and per view (stats.views[v], under the same aggregation: the parts add up)."""
     mask, weight = part.mask, part.mask * part.weight
-    add = lambda where, key, value: where.__setitem__(key, where.get(key, 0.0) + value.sum().item())
-    for key, value in {"tokens": mask.sum(), "kl_sum": values["kl"] * mask, "entropy_sum": values["entropy"] * mask,
-                       "sampler_gap_sum": values["gap"], "sampler_ratio_sum": values["ratios"] * mask,
-                       "sampler_capped_sum": (values["ratios"] > cfg.rollout_correction_cap) * mask,
-                       "clipped_low_sum": values["terms"]["clipped_low"] * mask,
-                       "clipped_high_sum": values["terms"]["clipped_high"] * mask, "loss_sum": values["loss"]}.items():
-        add(stats, key, value)
-    for v in range(VIEWS):
+    add(stats, tokens=mask, kl_sum=kl * mask, entropy_sum=entropy * mask, sampler_gap_sum=gap,
+        sampler_ratio_sum=ratios * mask, sampler_capped_sum=(ratios > cfg.rollout_correction_cap) * mask,
+        clipped_low_sum=terms["clipped_low"] * mask, clipped_high_sum=terms["clipped_high"] * mask, loss_sum=loss)
+    for v, sums in enumerate(stats.views):
         in_view = (part.view == v)[:, None].float()
-        for term in ("policy", "kl", "entropy"):
-            add(stats["views"][v], f"loss_{term}", call(LOSS_AGGS[cfg.loss_agg], per_token=values["terms"][term] *
-                                                        in_view, view=part.view, weight=weight, n=n))
-        add(stats["views"][v], "clipped", (values["terms"]["clipped_low"] + values["terms"]["clipped_high"]) * mask *
-            in_view)
-        add(stats["views"][v], "tokens", mask * in_view)
+        share = {term: call(LOSS_AGGS[cfg.loss_agg], per_token=terms[term] * in_view, view=part.view, weight=weight,
+                            n=n) for term in ("policy", "kl", "entropy")}
+        add(sums, loss_policy=share["policy"], loss_kl=share["kl"], loss_entropy=share["entropy"],
+            clipped=(terms["clipped_low"] + terms["clipped_high"]) * mask * in_view, tokens=mask * in_view)

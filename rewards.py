@@ -38,8 +38,7 @@ A step's groups come as one flat list: [0, P) the original questions and, when t
 `twin(i) = (i + P) mod 2P`. The other methods train on the originals only by default, as the official scripts do;
 with both views they treat the two as independent questions. The teacher's groups come in the order of its prompts.
 
-A new reward is one function beside `agreement` (of answers, labels, voters and the groups' coin seeds, those it
-names -> rewards) or beside `self_certainty` (log-probs over the vocabulary -> a value per token), and a row.
+A new reward is one function beside `agreement` or `self_certainty` (Method.reward: what it takes), and a row.
 
 Departure from the official code: answers are compared and voted on as mathematics (harness/answers.py), not as
 strings, so "\\frac12", "0.5" and "1/2" are one answer; the official reward managers vote on the strings and reward a
@@ -58,39 +57,30 @@ from harness.answers import answer_class_indices, is_equiv, majority_vote
 # --------------------------------------------------------------------------------------------
 # Rewards: of a response's answer, given its group's label and voters; or of its tokens
 
-def agreement(answers, labels, voters):
+def agreement(answers, labels):
     """[groups][G] rewards in {0, 1}: 1 when the answer equals the group's label (the voters' majority)."""
-    return rewards_for(answers, labels)
-
-
-def rewards_for(answers, labels):
-    """[groups][G] rewards in {0, 1}: 1 when the answer equals the group's label."""
     return [[float(label is not None and a is not None and is_equiv(a, label)) for a in group]
             for group, label in zip(answers, labels)]
 
 
 def matched_coin(answers, labels, seeds):
-    """[groups][G] rewards in {0, 1}: a coin per response that lands 1 at the share of the given responses (this
-    rank's groups of the step) that agree with their labels, from its group's coin seed: the label's reward rate,
-    blind to the answer."""
-    rate = sum(map(sum, rewards_for(answers, labels))) / sum(map(len, answers))
+    """[groups][G] rewards in {0, 1}: a coin per response that lands 1 at the given groups' agreement rate."""
+    rate = sum(map(sum, agreement(answers, labels))) / sum(map(len, answers))
     return [(torch.rand(len(group), generator=torch.Generator().manual_seed(seed)) < rate).float().tolist()
             for group, seed in zip(answers, seeds)]
 
 
 def permuted(answers, labels, seeds):
-    """[groups][G] the agreement rewards of the given groups (this rank's of the step), shuffled over their
-    responses (seeded by the first group's coin seed): each response gets another's."""
-    flat = torch.tensor(rewards_for(answers, labels)).flatten()
+    """[groups][G] the agreement rewards of the given groups, shuffled over their responses (first group's seed)."""
+    flat = torch.tensor(agreement(answers, labels)).flatten()
     order = torch.randperm(len(flat), generator=torch.Generator().manual_seed(seeds[0]))
     return flat[order].view(len(answers), -1).tolist()
 
 
-def coin_flip(answers, labels, voters):
-    """[groups][G] rewards in {0, 1}: a fair coin per response from its group's coin seed (its voters: [seed],
-    rollout.request_seed's "reward" role)."""
+def coin_flip(answers, seeds):
+    """[groups][G] rewards in {0, 1}: a fair coin per response from its group's seed (request_seed's "reward" role)."""
     return [torch.randint(0, 2, (len(group),), generator=torch.Generator().manual_seed(seed)).float().tolist()
-            for group, (seed,) in zip(answers, voters)]
+            for group, seed in zip(answers, seeds)]
 
 
 def self_certainty(logp_all):
@@ -122,8 +112,7 @@ def harmonic_vote(voters):
 
 @dataclasses.dataclass(frozen=True)
 class LabelSource:
-    voters: str            # "gold", "policy", "teacher" or "wrong" (wrong_answer of the gold); "coin": the group's coin
-                           # seed votes, and it has no label
+    voters: str            # "gold", "policy", "teacher", "wrong" (wrong_answer of the gold) or "coin" (no one votes)
     views: str             # which views vote: its "own", its twin's ("other") or "both" (original's, then rephrasing's)
     vote: Callable = majority_vote     # the voters' answers -> the label
 
@@ -159,12 +148,14 @@ class Method:
     kl_coef: float | None  # β of the KL term (--kl_coef); None: the preset's
     reward: Callable       # labels: (answers, labels, voters, seeds: those it names) -> [groups][G]; none: (logp_all
                            # [c, V]) -> [c]
+    two_view: bool = dataclasses.field(init=False)   # labelled by the other view's answers: it trains on J(q) + J(q')
 
     def __post_init__(self):
         source = LABEL_SOURCES.get(self.labels) if self.labels is not None else None
         if self.labels is not None and source is None:
             raise ValueError(f"method {self.name}: unknown label source {self.labels!r}; one of "
                              f"{', '.join(LABEL_SOURCES)}, or None for a reward of the tokens")
+        object.__setattr__(self, "two_view", source is not None and source.views != "own")     # frozen: set here
         if self.views not in ("original", "both") or (self.two_view and self.views != "both"):
             raise ValueError(f"method {self.name}: views {self.views!r} must be 'original' or 'both', and 'both' "
                              f"when the other view labels")
@@ -174,11 +165,6 @@ class Method:
         if self.teacher is None and (self.kl_anchor == "teacher" or (source and source.voters == "teacher")):
             raise ValueError(f"method {self.name} votes or anchors with the teacher: it needs teacher 'same' or "
                              f"'rephrased'")
-
-    @property
-    def two_view(self):
-        """Labelled with the other view's answers voting: it trains on J(q) + J(q'), one token mean per view."""
-        return self.labels is not None and LABEL_SOURCES[self.labels].views != "own"
 
     def settings(self):
         """The run settings the method sets (config.py: they override the preset's, a flag overrides them)."""
@@ -207,13 +193,6 @@ METHOD_TABLE = [
 METHODS = {name: Method(name, *facts) for name, *facts in METHOD_TABLE}
 
 
-def method_of(name):
-    """The Method of a name, or a ValueError that lists them."""
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
-    return METHODS[name]
-
-
 # --------------------------------------------------------------------------------------------
 # Labels
 
@@ -222,20 +201,17 @@ def twin(i, n_groups):
     return (i + n_groups // 2) % n_groups
 
 
-def label_groups(method, answers, ground_truth, teacher_answers=None, coin_seeds=None):
+def label_groups(method, answers, ground_truth, teacher_answers=None):
     """(labels, voters): one label per group, and the answers that voted for it (the method's label source).
 
-    answers: [groups][G] extracted answers (None where there is none), originals first, then their rephrasings
-    (always for the two-view methods). ground_truth: [groups] gold answers (`gt`'s label; every method's metrics).
-    teacher_answers: [groups][G] the teacher's answers to the same prompts, or for coreward2_rephrased to their
-    rephrasings. coin_seeds: [groups] the label source "a coin"'s voters (no group has a label).
-
-    A vote's label is the largest class of equal answers (majority_vote): a tie goes to the class whose first member
-    came first, and a plurality of one labels, so a group of G different answers is labelled by its first. A group
-    whose voters gave no answer gets no label (None: its responses get 0). The gold label's voters are [gold]: a
-    question without gold (None) is unlabeled under `gt` and `wrong_label`, and labelled as any other by the votes.
-    """
-    m = method_of(method)
+    answers: [groups][G] extracted answers (None where there is none), in the step's order (the module docstring);
+    ground_truth: [groups] gold answers (`gt`'s label; every method's metrics); teacher_answers: [groups][G] the
+    teacher's. A vote's label is the largest class of equal answers (majority_vote), a plurality of one too: a group
+    of G different answers is labelled by its first. A question without gold (None) is unlabeled under `gt` and
+    `wrong_label`, and labelled as any other by the votes."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    m = METHODS[method]
     if m.labels is None:
         raise ValueError(f"{method} has no labels: its reward is a value of the response's tokens")
     source, n = LABEL_SOURCES[m.labels], len(answers)
@@ -244,20 +220,14 @@ def label_groups(method, answers, ground_truth, teacher_answers=None, coin_seeds
                          f"rephrasings), got {n}")
     if source.voters == "teacher" and (teacher_answers is None or len(teacher_answers) != n):
         raise ValueError(f"{method} needs the teacher's answers for each of the {n} groups")
-    if source.voters == "coin" and (coin_seeds is None or len(coin_seeds) != n):
-        raise ValueError(f"{method} needs a coin seed for each of the {n} groups")
-    voters = {"gold": lambda: [[g] for g in ground_truth], "policy": lambda: answers,      # the source's voters only
-              "teacher": lambda: teacher_answers, "coin": lambda: [[seed] for seed in coin_seeds],
-              "wrong": lambda: [[wrong_answer(g)] for g in ground_truth]}[source.voters]()
+    voters = (answers if source.voters == "policy" else                          # the source's voters only
+              teacher_answers if source.voters == "teacher" else
+              [[g] for g in ground_truth] if source.voters == "gold" else
+              [[wrong_answer(g)] for g in ground_truth] if source.voters == "wrong" else
+              [[] for _ in answers])                                              # "coin": no one votes
     if source.views == "other":
         voters = [voters[twin(i, n)] for i in range(n)]   # the other view's answers
     elif source.views == "both":                          # the original's answers, then the rephrasing's: one label
         voters = [voters[min(i, twin(i, n))] + voters[max(i, twin(i, n))] for i in range(n)]
-    labels = list(ground_truth) if source.voters == "gold" else [None] * n if source.voters == "coin" else \
-        [source.vote(group) for group in voters]
+    labels = list(ground_truth) if source.voters == "gold" else [source.vote(group) for group in voters]
     return labels, voters
-
-
-def labels_for(method, answers, ground_truth, teacher_answers=None):
-    """One label per group (label_groups without the voters)."""
-    return label_groups(method, answers, ground_truth, teacher_answers)[0]

@@ -22,20 +22,19 @@ import torch
 from harness.sharding import reshard, sync_engine_weights
 
 
-def ema_decay(step, total_steps, start=0.99, end=0.9999):
+def ema_decay(step, total_steps, start, end):
     """Cosine schedule from `start` (step 0) to `end` (step total_steps)."""
     progress = min(max(step / max(total_steps, 1), 0.0), 1.0)
     return end - (end - start) * (1 + math.cos(math.pi * progress)) / 2
 
 
-def ema_alpha(step, total_steps, start=0.99, end=0.9999):
+def ema_alpha(step, total_steps, start, end):
     """α, the policy's weight in the teacher after `step` of `total_steps`: 1 - decay, and 0 after the last step."""
     return 1 - ema_decay(step, total_steps, start, end) if step < total_steps else 0.0
 
 
 @torch.no_grad()
 def ema_update(teacher, policy, alpha):
-    """teacher <- (1 - alpha) * teacher + alpha * policy, shard by shard (the two are sharded alike)."""
     reshard(teacher, policy)
     for t, p in zip(teacher.parameters(), policy.parameters(), strict=True):
         t.mul_(1 - alpha).add_(p.detach(), alpha=alpha)

@@ -8,10 +8,11 @@ One step (`training_step`):
 1. take P questions, each rank P / world_size; the two-view methods (coreward1, coreward3) with their rephrasings q';
 2. sample G responses to each question (and view) with the rollout engine (rollout.py);
 3. label each group and reward each response (rewards.py: a method is one row of METHOD_TABLE, saying who
-   votes for a group's label, what the EMA teacher of teacher.py answers, the KL anchor and the reward);
-4. the update (grpo.update): shape overlong responses, filter groups, normalise each group's rewards into
-   advantages, and take the update(s) of the policy loss with its k3 KL term to the start model (or to the
-   teacher); by default a two-view method's loss is J(q) + J(q'), one token mean per view;
+   votes for a group's label, what the EMA teacher of teacher.py answers, the KL anchor and the reward), then shape
+   overlong responses' rewards and filter the groups (grpo.shape_and_filter; with a filter, DAPO's `refill`);
+4. the update (grpo.update): normalise each group's rewards into advantages, and take the update(s) of the policy
+   loss with its k3 KL term to the start model (or to the teacher); by default a two-view method's loss is
+   J(q) + J(q'), one token mean per view;
 5. move the teacher towards the policy (EMA), and load the updated weights into the engine.
 
 `main` sets up and runs the loop (`train`): a step, its record, an evaluation every --eval_every steps, a
@@ -21,11 +22,12 @@ the harness's (harness/README.md). Nothing non-finite reaches the weights: the r
 The step's collectives, in order (every rank reaches each, or the ranks wait for ever):
 - the teacher methods: the teacher's weights into the engine (`sync_engine_weights`: all-gathers, then a verdict);
 - the answer-free methods: the responses' scores (`score_responses`: a MAX all-reduce of the passes, FSDP's gathers);
+- `--group_filter`: the questions with a kept group, on the worst rank (`refill`: a MIN all-reduce a round);
 - `--advantage_std batch`: the step's rewards' count, sum and sum of squares (`batch_std`, an all-reduce);
 - `train_step`: the reference's log-probs (as the scores), then for each update the normalisers
   (`loss_normalizers_over_ranks`, an all-reduce), the count of passes, FSDP's all-gathers and reduce-scatters,
   the count of non-finite values (an all-reduce) and the gradient norm (`clip_grad_norm_`);
-- the updated policy's weights into the engine (`Models.sync_engine`, as the teacher's);
+- the updated policy's weights into the engine (`sync_engine_weights`, as the teacher's);
 - the step's record (`step_record_over_ranks`: an all-reduce of the sums, an all-gather of the votes).
 The loop adds the evaluations' all-reduce (`all_sum`), the stop signals' (`StopSignals.agreed_over_ranks`) and the
 checkpoints' barriers.
@@ -47,8 +49,9 @@ import grpo
 from eval import accuracies, benchmark_prompts, eval_counts
 from grpo import StepConfig, make_batch, score_responses
 from harness import checkpoint, data, launch, resume, runfolder, watches
+from harness.data import Questions
 from harness.answers import extract_answer
-from harness.errors import STOPPED, GroupOrderError, NonFiniteError, exit_on_usage_error
+from harness.errors import STOPPED, NonFiniteError, check_groups, exit_on_usage_error
 from harness.record import Step, step_record_over_ranks
 from harness.sharding import all_sum, init_distributed, load_sharded, sync_engine_weights
 from rewards import METHODS, label_groups
@@ -57,51 +60,12 @@ from teacher import ema_alpha, ema_update, teacher_rollout
 
 
 @dataclasses.dataclass
-class Models:
-    """What a step samples and trains with."""
-    policy: torch.nn.Module
+class Models(checkpoint.Trained):
+    """What a step samples and trains with: the policy, its optimizer and schedule, and the EMA teacher (or None),
+    which a checkpoint saves (checkpoint.Trained), and:"""
     ref: torch.nn.Module                  # the KL anchor: the frozen start model, or the EMA teacher
-    teacher: torch.nn.Module | None       # the EMA teacher (the same module as ref) of the teacher methods
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
     engine: object                        # rollout.py's engine: it samples from the policy, and the teacher
     pad_id: int
-
-    def sync_engine(self):
-        """Load the policy's weights into the engine, checked (a collective: sharding.sync_engine_weights)."""
-        sync_engine_weights(self.engine, self.policy)
-
-
-@dataclasses.dataclass
-class Questions:
-    """The training questions in the order a run takes them: P a step, a fresh shuffle each epoch."""
-    pairs: list
-    shuffle: torch.Generator
-    order: list
-    cursor: int = 0
-
-    @classmethod
-    def shuffled(cls, pairs, seed):
-        shuffle = torch.Generator().manual_seed(seed)
-        return cls(pairs, shuffle, torch.randperm(len(pairs), generator=shuffle).tolist())
-
-    def take(self, count, rank, world_size):
-        """The next `count` questions' (indices, pairs) for this rank: its share, count / world_size. An epoch's
-        last len(pairs) % count questions, too few for a step, are left out, and the next epoch shuffles every
-        question again, as the official code's dataloader does (drop_last); the run says so at its start."""
-        if self.cursor + count > len(self.order):                          # a new epoch
-            self.order, self.cursor = torch.randperm(len(self.pairs), generator=self.shuffle).tolist(), 0
-        per_rank = count // world_size
-        indices = self.order[self.cursor + rank * per_rank: self.cursor + (rank + 1) * per_rank]
-        self.cursor += count
-        return indices, [self.pairs[i] for i in indices]
-
-    def state(self):
-        return {"order": self.order, "cursor": self.cursor, "shuffle": self.shuffle.get_state()}
-
-    def load_state(self, state):
-        self.shuffle.set_state(state["shuffle"])
-        self.order, self.cursor = state["order"], state["cursor"]
 
 
 @dataclasses.dataclass
@@ -112,33 +76,30 @@ class Round:
     answers: list                 # [groups][G] extracted answers
     gold: list                    # [groups] ground truth
     labels: list | None           # [groups] (None: an answer-free method)
-    rewards: torch.Tensor         # [groups, G]
-    kept: torch.Tensor            # [questions] bool: a group of the question kept by --group_filter
+    rewards: torch.Tensor         # [groups, G] the method's rewards,
+    shaped: torch.Tensor          # [groups, G] shaped by --overlong (grpo.shape_and_filter, once a round),
+    weight: torch.Tensor          # [groups, G] each response's loss weight,
+    keep: torch.Tensor            # [groups] bool: and the groups kept by --group_filter
+    rounds: int = 1               # the rounds of sampling it holds (DAPO's refill)
 
 
-def training_step(args, step, take, models, encode, step_cfg, device, world_size):
-    """One step (the docstring's 2-5) on this rank's share of questions (`take()`: their indices and pairs): its
-    record. With a group filter, more rounds of questions while a rank is short of questions with a kept group."""
+def training_step(args, step, questions, models, encode, step_cfg, device, world_size):
+    """One step (the docstring's 2-5) on this rank's share of the questions: its record."""
     t0 = time.perf_counter()
-    rounds = [sample_and_reward(args, step, 0, *take(), models, encode, step_cfg, device)]
-    while (short := shortfall(args, rounds, device)) and len(rounds) <= args.refill_rounds:   # DAPO's refill
-        models.sync_engine()                      # the engine slept (or served the teacher): the policy again
-        rounds.append(sample_and_reward(args, step, len(rounds), *take(), models, encode, step_cfg, device))
-    if short and args.refill_rounds and dist.get_rank() == 0:
-        tqdm.write(f"step {step}: a rank is {short} question(s) short of its {len(rounds[0].kept)} with a signal after "
-                   f"{len(rounds)} rounds (--refill_rounds {args.refill_rounds} spent); it trains on those it has, "
-                   f"the others at loss weight 0")
-    sampled = step_questions(rounds)
+    sampled = sample_and_reward(args, step, 0, *questions.take(args.questions_per_step, dist.get_rank(), world_size),
+                                models, encode, step_cfg, device)
+    if args.group_filter != "none":               # DAPO: more rounds while a rank lacks questions with a signal
+        sampled = refill(sampled, args, step, questions, models, encode, step_cfg, device, world_size)
     t1 = time.perf_counter()
 
-    # 4. the update: overlong shaping, the group filter, the advantages and the policy loss (grpo.py, THE LOSS FAMILY)
+    # 4. the update: the advantages, and the policy loss with its KL term (grpo.py, THE LOSS FAMILY)
     batch = make_batch([s for g in sampled.groups for s in g], models.pad_id, device)
     if METHODS[args.method].two_view:             # J(q) + J(q'): one token mean per view (grpo.py, LOSS_AGG_TABLE)
         batch.view = torch.tensor([v for _, v in sampled.ids], device=device).repeat_interleave(args.group_size)
     lr = models.scheduler.get_last_lr()[0]                                        # the rate this step's updates use
     try:
-        stats, shaped, keep = grpo.update(models.policy, models.ref, models.optimizer, batch, sampled.rewards,
-                                          step_cfg, world_size)
+        stats = grpo.update(models.policy, models.ref, models.optimizer, batch, sampled.shaped, sampled.weight,
+                            sampled.keep, step_cfg, world_size)
     except NonFiniteError as e:
         raise NonFiniteError(f"step {step}: {e} The run stopped; metrics.jsonl holds the steps before it.") from None
     models.scheduler.step()
@@ -148,27 +109,26 @@ def training_step(args, step, take, models, encode, step_cfg, device, world_size
     if alpha:                                     # 0 after the last step: nothing samples from the teacher then
         ema_update(models.teacher, models.policy, alpha)
     t2 = time.perf_counter()
-    models.sync_engine()
+    sync_engine_weights(models.engine, models.policy)
     times = {"t_rollout": t1 - t0, "t_train": t2 - t1, "t_sync": time.perf_counter() - t2}
-    record = step_record_over_ranks(Step(step, sampled.groups, sampled.answers, sampled.gold, sampled.labels,
-                                         sampled.rewards, shaped, keep, stats, [v for _, v in sampled.ids], lr, alpha,
-                                         times), device, world_size)
-    return {**record, "rounds": len(rounds)} if args.group_filter != "none" else record
+    seen = Step(step, sampled.groups, sampled.answers, sampled.gold, sampled.labels, sampled.rewards, sampled.shaped,
+                sampled.keep, grpo.zero_variance(sampled.rewards), stats, [v for _, v in sampled.ids], lr, alpha, times)
+    record = step_record_over_ranks(seen, device, world_size)
+    return {**record, "rounds": sampled.rounds} if args.group_filter != "none" else record
 
 
 def sample_and_reward(args, step, round_, indices, questions, models, encode, step_cfg, device):
     """A round: sample G responses to this rank's `questions` (`indices` into the data), label and reward them (the
     docstring's 2 and 3). A refill round's requests are seeded under step+round, the first's under the step alone."""
     # 2. sample: originals, then (--views both) rephrasings; a request is seeded by who samples which question when
-    views = (0, 1) if args.views == "both" else (0,)
-    prompts = lambda which: [encode(q.rephrased if view else q.original) for view in which for q in questions]
-    ids = lambda which: [(i, view) for view in which for i in indices]          # each group's question and view
-    key = step if round_ == 0 else f"{step}+{round_}"
-    seeds = lambda role, which: [request_seed(args.seed, role, key, i, view) for i, view in ids(which)]
-    groups = models.engine.generate(prompts(views), args.group_size, args.temperature, args.max_response_len,
-                                    seeds=seeds("policy", views))
-    check_groups(groups, prompts(views), ids(views), args.group_size, "the policy")
-    teacher_answers = teacher_answers_of(args, models, prompts, seeds, ids, views)    # None without a teacher
+    key, views = step if round_ == 0 else f"{step}+{round_}", (0, 1) if args.views == "both" else (0,)
+    ids = [(i, view) for view in views for i in indices]                     # [groups] each group's question, view
+    prompts = [encode(q.rephrased if view else q.original) for view in views for q in questions]
+    groups = models.engine.generate(prompts, args.group_size, args.temperature, args.max_response_len,
+                                    seeds=[request_seed(args.seed, "policy", key, i, view) for i, view in ids])
+    check_groups(groups, prompts, ids, args.group_size, "the policy")
+    teacher_answers = teacher_answers_of(args, key, indices, questions, models, encode) \
+        if models.teacher is not None else None
     models.engine.sleep()                         # on a GPU, its memory goes to the training phase until the sync
 
     # 3. label and reward; rewards.twin(i) = (i + P) mod 2P pairs a group with its other view: the originals first,
@@ -181,65 +141,58 @@ def sample_and_reward(args, step, round_, indices, questions, models, encode, st
         labels, rewards = None, score_responses(models.policy, batch, step_cfg, method.reward).cpu()
         rewards = rewards.view(len(groups), args.group_size)
     else:
-        coins = seeds("reward", views)                                            # [groups] the controls' seeds
-        labels, voters = label_groups(args.method, answers, gold, teacher_answers, coin_seeds=coins)
-        rewards = torch.tensor(grpo.call(method.reward, answers=answers, labels=labels, voters=voters, seeds=coins))
+        labels, voters = label_groups(args.method, answers, gold, teacher_answers)
+        rewards = torch.tensor(grpo.call(method.reward, answers=answers, labels=labels, voters=voters,
+                                         seeds=[request_seed(args.seed, "reward", key, i, view) for i, view in ids]))
     lengths = torch.tensor([[len(s.token_ids) for s in g] for g in groups], dtype=torch.float)
-    keep = grpo.shape_and_filter(rewards, lengths, torch.tensor([[not s.finished for s in g] for g in groups]),
-                                 step_cfg)[2]
-    return Round(ids(views), groups, answers, gold, labels, rewards, keep.view(len(views), -1).any(0))
+    truncated = torch.tensor([[not s.finished for s in g] for g in groups])
+    return Round(ids, groups, answers, gold, labels, rewards,
+                 *grpo.shape_and_filter(rewards, lengths, truncated, step_cfg))       # the group filter, once
 
 
-def shortfall(args, rounds, device):
-    """With a group filter, how many questions with a kept group the shortest rank lacks of its share, over its rounds
-    (a MIN all-reduce: the ranks take their rounds together); 0 without one."""
-    if args.group_filter == "none":
-        return 0
-    fewest = torch.tensor(sum(int(r.kept.sum()) for r in rounds), device=device)
-    dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
-    return max(len(rounds[0].kept) - int(fewest), 0)
-
-
-def step_questions(rounds):
-    """The Round the step trains on: the first round, or of all the rounds' questions the first `share` (this rank's
-    count) in the order sampled, those with a kept group first, then (when the rounds ran out) the others, whose
-    groups the filter leaves at loss weight 0."""
-    if len(rounds) == 1:
-        return rounds[0]
-    share, views = len(rounds[0].kept), len(rounds[0].ids) // len(rounds[0].kept)
-    places = [(r, q) for kept in (True, False) for r, round_ in enumerate(rounds) for q in range(share)
-              if bool(round_.kept[q]) == kept][:share]
-    rows = [(r, v * share + q) for v in range(views) for r, q in places]       # the originals, then the rephrasings
-    pick = lambda name: [getattr(rounds[r], name)[i] for r, i in rows]
-    return Round(pick("ids"), pick("groups"), pick("answers"), pick("gold"),
-                 None if rounds[0].labels is None else pick("labels"), torch.stack(pick("rewards")),
-                 torch.stack([rounds[r].kept[q] for r, q in places]))
-
-
-def teacher_answers_of(args, models, prompts, seeds, ids, views):
-    """The teacher methods' answers [groups][G] (None for the others), to training_step's prompts of the views asked
-    for (coreward2_rephrased's: the rephrasings). The engine serves the teacher until the step's sync."""
-    if models.teacher is None:
-        return None
-    which = (1,) if args.teacher_prompts == "rephrased" else views
-    groups = teacher_rollout(models.engine, models.teacher, prompts(which), seeds("teacher", which), args.group_size,
+def teacher_answers_of(args, key, indices, questions, models, encode):
+    """The teacher methods' answers [groups][G] to the policy's prompts (coreward2_rephrased's: their rephrasings),
+    seeded under `key`. The engine serves the teacher until the step's sync."""
+    views = (1,) if args.teacher_prompts == "rephrased" else (0, 1) if args.views == "both" else (0,)
+    ids = [(i, view) for view in views for i in indices]
+    prompts = [encode(q.rephrased if view else q.original) for view in views for q in questions]
+    groups = teacher_rollout(models.engine, models.teacher, prompts,
+                             [request_seed(args.seed, "teacher", key, i, view) for i, view in ids], args.group_size,
                              args.temperature, args.max_response_len)
-    check_groups(groups, prompts(which), ids(which), args.group_size, "the teacher")
+    check_groups(groups, prompts, ids, args.group_size, "the teacher")
     return [[extract_answer(s.text) for s in g] for g in groups]
 
 
-def check_groups(groups, prompt_ids, ids, group_size, who):
-    """Each group holds `group_size` responses to its prompt, in the order asked: a group out of place would be
-    labelled by another question's vote (rewards.twin pairs groups by place). ids: each prompt's (question, view)."""
-    if len(groups) != len(prompt_ids):
-        raise GroupOrderError(f"{who}: the rollout engine returned {len(groups)} groups for {len(prompt_ids)} prompts")
-    for group, prompt, (index, view) in zip(groups, prompt_ids, ids):
-        if len(group) != group_size or any(list(s.prompt_ids) != list(prompt) for s in group):
-            raise GroupOrderError(
-                f"{who}: the group for question {index} ({'its rephrasing' if view else 'the original'}) holds "
-                f"{len(group)} responses, not all to its prompt, where {group_size} were asked: the rollout engine "
-                f"returned its groups out of the order of their prompts. The step stopped before any label was "
-                f"computed; the engine (rollout.py) is at fault, not the data")
+def refill(first, args, step, questions, models, encode, step_cfg, device, world_size):
+    """DAPO's dynamic sampling, after the first round: while a rank is short of questions with a kept group (a MIN
+    all-reduce: the ranks take their rounds together), another round, up to --refill_rounds more. The step then
+    trains on this rank's share of the rounds' questions in the order sampled, those with a kept group first, then
+    (when the rounds ran out) the others, whose groups the filter leaves at loss weight 0."""
+    rounds, views = [first], 2 if args.views == "both" else 1
+    share = len(first.ids) // views                                      # this rank's questions a step
+    while True:
+        fewest = torch.tensor(sum(int(r.keep.view(views, share).any(0).sum()) for r in rounds), device=device)
+        dist.all_reduce(fewest, op=dist.ReduceOp.MIN)                 # questions with a kept group, on the worst rank
+        short = max(share - int(fewest), 0)
+        if not short or len(rounds) > args.refill_rounds:
+            break
+        sync_engine_weights(models.engine, models.policy)    # the engine slept (or served the teacher): the policy
+        rounds.append(sample_and_reward(args, step, len(rounds), *questions.take(
+            args.questions_per_step, dist.get_rank(), world_size), models, encode, step_cfg, device))
+    if short and args.refill_rounds and dist.get_rank() == 0:
+        tqdm.write(f"step {step}: a rank is {short} question(s) short of its {share} with a signal after "
+                   f"{len(rounds)} rounds (--refill_rounds {args.refill_rounds} spent); it trains on those it has, "
+                   f"the others at loss weight 0")
+    if len(rounds) == 1:
+        return first
+    signal = [r.keep.view(views, share).any(0) for r in rounds]          # [rounds][share] a question with a kept group
+    places = [(r, q) for wanted in (True, False) for r in range(len(rounds)) for q in range(share)
+              if bool(signal[r][q]) == wanted][:share]
+    rows = [(r, v * share + q) for v in range(views) for r, q in places]       # the originals, then the rephrasings
+    picked = {f.name: [getattr(rounds[r], f.name)[i] for r, i in rows] for f in dataclasses.fields(Round)
+              if f.name != "rounds" and getattr(first, f.name) is not None}
+    tensors = {name: torch.stack(picked[name]) for name in ("rewards", "shaped", "weight", "keep")}
+    return Round(**{"labels": None, **picked, **tensors, "rounds": len(rounds)})
 
 
 def training_questions(args, encode, rank):
@@ -274,7 +227,7 @@ def build_models(args, model_dir, device, pad_id):
     engine = make_engine(args.backend, model_dir, args.max_prompt_len, args.max_response_len, dtype=args.dtype,
                          cpu_kv_cache_gib=args.cpu_kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
                          hf_kv_budget_gib=args.hf_kv_budget_gib)
-    return Models(policy, ref, teacher, optimizer, scheduler, engine, pad_id)
+    return Models(policy, optimizer, scheduler, teacher, ref, engine, pad_id)
 
 
 def cosine_with_warmup(total_steps, warmup_ratio):
@@ -287,12 +240,6 @@ def cosine_with_warmup(total_steps, warmup_ratio):
             return (step + 1) / warmup
         return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
     return factor
-
-
-def evaluation_set(tokenizer, args, rank, world_size):
-    """This rank's share of the evaluation questions: (prompts, gold answers, their indices)."""
-    prompts, gold = benchmark_prompts(tokenizer, args.eval_data, args.eval_limit, args.max_prompt_len)
-    return prompts[rank::world_size], gold[rank::world_size], range(rank, len(prompts), world_size)
 
 
 def evaluate(step, engine, eval_set, args, device, log, rank, tokenizer):
@@ -314,7 +261,8 @@ def evaluate(step, engine, eval_set, args, device, log, rank, tokenizer):
 def read_inputs(args, resume_from, rank, world_size):
     """Every input of the run, read and checked before --overwrite deletes an earlier run: the model folder, its
     tokenizer, the prompt encoder, the training questions, their fingerprints (checked against a resumed checkpoint's)
-    and the evaluation set. Sets --steps from --epochs."""
+    and this rank's share of the evaluation questions (prompts, gold answers, their indices). Sets --steps from
+    --epochs."""
     from harness import world
     from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -334,12 +282,13 @@ def read_inputs(args, resume_from, rank, world_size):
         resume.check_fingerprints(resume_from, fingerprints)
     if args.steps is None:
         args.steps = run_length(args.epochs, len(pairs), args.questions_per_step)
-
     leftover = len(pairs) % args.questions_per_step
     if leftover and args.steps * args.questions_per_step >= len(pairs) and rank == 0:
         print(f"each epoch leaves out {leftover} of its {len(pairs)} questions, the last of its shuffle: "
               f"--questions_per_step {args.questions_per_step} does not divide them (Questions.take)")
-    return model_dir, tokenizer, encode, pairs, fingerprints, evaluation_set(tokenizer, args, rank, world_size), noise
+    prompts, gold = benchmark_prompts(tokenizer, args.eval_data, args.eval_limit, args.max_prompt_len)
+    eval_set = prompts[rank::world_size], gold[rank::world_size], range(rank, len(prompts), world_size)
+    return model_dir, tokenizer, encode, pairs, fingerprints, eval_set, noise
 
 
 def run_length(epochs, pairs, questions_per_step):
@@ -351,8 +300,7 @@ def run_length(epochs, pairs, questions_per_step):
 def show_step(step, record, bar, watchers, rank):
     """The console's view of a step: the progress bar's figures, and the watches' warnings (rank 0). The sampler
     gap's watch stops the run past its ceiling (watches.SamplerGapWatch)."""
-    collapse, gap = watchers
-    for warning in (collapse.update(record), gap.check(step, record)):
+    for warning in (watchers[0].update(record), watchers[1].check(step, record)):
         if warning and rank == 0:
             tqdm.write(warning)
     bar.set_postfix(reward=f"{record['reward']:.2f}", acc=f"{record['rollout_acc']:.2f}",
@@ -361,22 +309,20 @@ def show_step(step, record, bar, watchers, rank):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    args = config.parse_args(argv, __doc__)
-    restart = resume.as_an_attempt(args)            # a launcher's restart of the run in --out continues it
-    args, resume_from = config.settings(args)
-    if resume_from is not None and resume.finished(resume_from, args):
+    # a launcher's restart of the run in --out continues it; --resume, with its checkpoint's settings
+    start = resume.begin(config.parse_args(argv, __doc__), config.PRESETS, config.NOT_CONFIG)
+    if start.finished:
         return
+    args = config.settings(start.args, resumed=start.checkpoint is not None)
     if args.ranks and "WORLD_SIZE" not in os.environ:     # python train.py --ranks N: start the N ranks here
         return launch.launch_ranks(args.ranks, os.path.abspath(__file__), argv, args.max_restarts or 0, args.out)
-    rank, world_size, device = init_distributed(resume.restart_store())
-    with runfolder.locked(args.out, rank):          # no other run on --out, until this one returns
-        if rank == 0:
-            resume.claim(args.out)
-        earlier = runfolder.earlier_outputs(args.out, args.overwrite, rank) if resume_from is None else []
-        inputs = read_inputs(args, resume_from, rank, world_size)
+    rank, world_size, device = init_distributed(start.store)
+    with runfolder.locked(args.out, rank, start.run_id):          # no other run on --out, until this one returns
+        earlier = runfolder.earlier_outputs(args.out, args.overwrite, rank) if start.checkpoint is None else []
+        inputs = read_inputs(args, start.checkpoint, rank, world_size)
         runfolder.remove_outputs(args.out, earlier, rank)          # only now: every input was read and checked
         with runfolder.console_log(args.out, rank):               # rank 0's console, also into OUT/run.log
-            status = train(args, resume_from, restart, inputs, rank, world_size, device)
+            status = train(args, start.checkpoint, start.restart, inputs, rank, world_size, device)
     if dist.is_initialized():                       # the engine's close may have ended it already
         dist.destroy_process_group()
     return status
@@ -387,47 +333,23 @@ def train(args, resume_from, restart, inputs, rank, world_size, device):
     --save_every and at a stop signal. Returns STOPPED after a stop, else None."""
     model_dir, tokenizer, encode, pairs, fingerprints, eval_set, noise = inputs
     began = time.perf_counter()
-    models = build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
-    # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the world
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, os.cpu_count() // local_ranks))))
-    # The loop's random state: the question order, and the global torch RNG behind the mini-batch order (seeded
-    # after the engine starts, as vLLM seeds the global RNG with its own seed).
-    torch.manual_seed(args.seed)
-    questions, start, wandb_id = Questions.shuffled(pairs, args.seed), 0, secrets.token_hex(4)
-    ceiling = watches.SAMPLER_GAP_CEILING[args.dtype] if args.max_sampler_gap is None else args.max_sampler_gap
-    gap_watch, collapse_watch = watches.SamplerGapWatch(ceiling, args.sampler_gap_factor), watches.CollapseWatch()
-    if resume_from is not None:
-        start, saved_id, gap_watch.first = resume.restore(resume_from, models, questions, args, rank)
-        wandb_id = saved_id or wandb_id                       # kept in checkpoints: a resumed run continues it
-    wandb_run = runfolder.start_wandb(args.wandb, wandb_id, config.config_of(args)) if args.wandb and rank == 0 \
-        else None
-    log = runfolder.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0,
-                               resume_step=start if resume_from else None, wandb_run=wandb_run)
-    if rank == 0:
-        path = runfolder.write_config(args.out, config.config_of(args))
-        summary = config.summary(args, checkpoint.disk_bytes(models, args), path)
-        for line in (restart and restart + resume.dropped_note(log.dropped), summary,
-                     models.engine.weight_check_report(), noise):
-            if line:
-                print(line, flush=True)
+    models, questions, start, log, watchers, wandb_id = set_up(args, resume_from, restart, model_dir, tokenizer, pairs,
+                                                               noise, rank, world_size, device)
     if start == 0:
         evaluate(0, models.engine, eval_set, args, device, log, rank, tokenizer)
     signals, stopped, step_cfg = launch.StopSignals(args.out, rank), False, StepConfig.of(args)
-    save = lambda step: checkpoint.save_checkpoint(args, config.config_of(args), step, models, questions, wandb_id,
-                                                   fingerprints, tokenizer, rank, gap_watch.first)
     bar = tqdm(range(start + 1, args.steps + 1), disable=rank != 0, desc=args.method, initial=start, total=args.steps)
     try:
         for step in bar:
-            take = functools.partial(questions.take, args.questions_per_step, rank, world_size)
-            record = training_step(args, step, take, models, encode, step_cfg, device, world_size)
+            record = training_step(args, step, questions, models, encode, step_cfg, device, world_size)
             log.write(record)
-            show_step(step, record, bar, (collapse_watch, gap_watch), rank)
+            show_step(step, record, bar, watchers, rank)
             if step % args.eval_every == 0 or step == args.steps:
                 evaluate(step, models.engine, eval_set, args, device, log, rank, tokenizer)
             stopped = signals.agreed_over_ranks(device) and step < args.steps     # at the last step, simply finish
             if stopped or (args.save_every and (step % args.save_every == 0 or step == args.steps)):
-                save(step)
+                checkpoint.save_checkpoint(args, config.config_of(args), step, models, questions, wandb_id,
+                                           fingerprints, tokenizer, rank, watchers[1].first)
             if stopped:
                 break
         if not stopped:
@@ -443,6 +365,37 @@ def train(args, resume_from, restart, inputs, rank, world_size, device):
     dist.barrier()
     models.engine.close()
     return STOPPED if stopped else None
+
+
+def set_up(args, resume_from, restart, model_dir, tokenizer, pairs, noise, rank, world_size, device):
+    """The models, the question order and the watches, fresh or from the checkpoint `resume_from`, the metrics log and
+    the run's first lines (rank 0): (models, questions, the step to start after, log, watches, the wandb run's id)."""
+    models = build_models(args, model_dir, device, tokenizer.pad_token_id or 0)
+    # the node's cores, shared among the ranks on this node (torchrun's LOCAL_WORLD_SIZE), not the world
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, os.cpu_count() // local_ranks))))
+    # The loop's random state: the question order, and the global torch RNG behind the mini-batch order (seeded
+    # after the engine starts, as vLLM seeds the global RNG with its own seed).
+    torch.manual_seed(args.seed)
+    questions, start, wandb_id = Questions.shuffled(pairs, args.seed), 0, secrets.token_hex(4)
+    ceiling = watches.SAMPLER_GAP_CEILING[args.dtype] if args.max_sampler_gap is None else args.max_sampler_gap
+    gap_watch, collapse_watch = watches.SamplerGapWatch(ceiling, args.sampler_gap_factor), watches.CollapseWatch()
+    if resume_from is not None:
+        start, saved_id, gap_watch.first = resume.restore(resume_from, models, questions, args, rank)
+        sync_engine_weights(models.engine, models.policy)      # the engine samples from the resumed policy
+        wandb_id = saved_id or wandb_id                       # kept in checkpoints: a resumed run continues it
+    wandb_run = runfolder.start_wandb(args.wandb, wandb_id, config.config_of(args)) if args.wandb and rank == 0 \
+        else None
+    log = runfolder.MetricsLog(os.path.join(args.out, "metrics.jsonl"), rank == 0,
+                               resume_step=start if resume_from else None, wandb_run=wandb_run)
+    if rank == 0:
+        path = runfolder.write_config(args.out, config.config_of(args))
+        summary = config.summary(args, checkpoint.disk_bytes(models, args), path)
+        for line in (restart and restart + resume.dropped_note(log.dropped), summary,
+                     models.engine.weight_check_report(), noise):
+            if line:
+                print(line, flush=True)
+    return models, questions, start, log, (collapse_watch, gap_watch), wandb_id
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def main():
     rows.append(("before (output layer at every position)", s, flops(B * T, B * (T - 1)), ""))
     _, now, logp32 = measure(batch, args.repeats)
     rows.append(("now", now, flops(B * T, R), ""))
-    lengths = batch.lengths()
+    lengths = grpo.sequence_lengths(batch.mask)
     passes = grpo.micro_batches_for_all_ranks(lengths, step_config(max_tokens_per_micro_batch=4096))
     computed = sum(len(p) * int(lengths[p].max()) for p in passes)
     _, s, _ = measure(batch, args.repeats, budget=4096)

@@ -193,7 +193,8 @@ def engine_checks(backend):
     on_gpu = torch.cuda.is_available()
     dtype = "bfloat16" if on_gpu else "float32"
     model_dir = world.base_model_dir()
-    engine = make_engine(backend, model_dir, 64, 48, dtype=dtype, gpu_memory_utilization=0.3)
+    engine = make_engine(backend, model_dir, 64, 48, dtype=dtype, cpu_kv_cache_gib=0.25, gpu_memory_utilization=0.3,
+                         hf_kv_budget_gib=0.0)
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).state_dict()
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:16]]

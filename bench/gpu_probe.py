@@ -550,7 +550,9 @@ def main(argv=None):
                 r["says"] = "bf16 (sharding.load_sharded)"
             with phase("the engine") as r:
                 before = memory.allocated()
-                engine = make_engine("hf", folder, shape["max_prompt_len"], shape["sample_tokens"], dtype="bfloat16")
+                engine = make_engine("hf", folder, shape["max_prompt_len"], shape["sample_tokens"], dtype="bfloat16",
+                                     **{name: OFFICIAL[name] for name in ("cpu_kv_cache_gib", "gpu_memory_utilization",
+                                                                          "hf_kv_budget_gib")})
                 engine_bytes = None if before is None else memory.allocated() - before
                 r["engine_bytes"] = doc["setup"]["engine_bytes"] = engine_bytes
                 r["says"] = "rollout.make_engine('hf', bf16)" + (
@@ -572,7 +574,7 @@ def main(argv=None):
                 break
             t_begin = time.perf_counter()
             batch = synthetic_batch(shape, args.seed + step, device)
-            passes = grpo.micro_batches_for_all_ranks(batch.lengths(), cfg)
+            passes = grpo.micro_batches_for_all_ranks(grpo.sequence_lengths(batch.mask), cfg)
             shapes = [(len(p), batch.rows(p).input_ids.shape[1]) for p in passes]
             tokens = sum(n * w for n, w in shapes)
             micro_tokens = max(n * w for n, w in shapes)
@@ -592,9 +594,9 @@ def main(argv=None):
                 training = [t - moments for t in training]
             flops = train_flops(tokens, params, layer_params, extra_forwards, checkpointing)
             record = {
-                "step": step, "seconds": seconds, "tokens": tokens, "response_tokens": int(stats["tokens"]),
+                "step": step, "seconds": seconds, "tokens": tokens, "response_tokens": int(stats.tokens),
                 "sequences": len(batch), "passes": len(passes), "micro_tokens": micro_tokens,
-                "padding_efficiency": stats["tokens"] / tokens, "flops": flops,
+                "padding_efficiency": stats.tokens / tokens, "flops": flops,
                 "mfu": flops / (seconds * args.peak_flops), "peak_flops": args.peak_flops,
                 "mfu_measured": flops / (seconds * args.measured_flops), "measured_flops": args.measured_flops,
                 "peak_allocated": r["peak_allocated"], "peak_reserved": r["peak_reserved"],
@@ -604,8 +606,8 @@ def main(argv=None):
                 "pass_shapes": shapes, "pass_peaks": peaks["passes"] if memory.cuda else None,
                 "moments_exist": step > 1, "account_tensors": sum(tensors.values()), "account_parts": tensors,
                 "account_training": training, "account_optimizer": optimizer_step,
-                "grad_norm": stats["grad_norm"], "kl": stats["kl_sum"] / stats["tokens"],
-                "entropy": stats["entropy_sum"] / stats["tokens"],
+                "grad_norm": stats.grad_norm, "kl": stats.kl_sum / stats.tokens,
+                "entropy": stats.entropy_sum / stats.tokens,
             }
             record["pass_fit"] = None
             if memory.cuda and len(peaks["passes"]) == len(passes):        # one policy forward a pass

@@ -12,16 +12,17 @@ Each variant is a process of its own: the engine is built, then one generate is 
 process's ru_maxrss minus its resident memory before the call.
 - before: the engine as it was, every position's logits of the prompts' forward ([P, width, V]: transformers'
   logits_to_keep=0) and every row in one batch (a budget nothing exceeds);
-- last logits: rollout.HFEngine, the prompts' forward keeping its last GEMM_ROWS positions' logits, in one batch;
+- last logits: rollout.HFEngine, the prompts' forward keeping its last GEMM_ROWS (harness/hf_batches.py) positions'
+  logits, in one batch;
 - budget B MiB: the same in chunks of whole prompts whose KV caches fit B.
 Each variant's tokens and log-probs are compared with the first's: in one thread (OMP_NUM_THREADS=1) they are the
 same bit for bit; in several, the CPU's attention and sgemm share a batch out among the threads by its size, and
 a random model's nearly flat distributions at this vocabulary turn the last bits into another token now and then
-(rollout.HFEngine.generate).
+(harness/hf_batches.py).
 
 The account: the KV cache of one rank's step at the official preset (Qwen3-4B-Base in bf16, 147,456 bytes a
 token: 36 layers x 8 KV heads x 128 x 2 x 2; a two-view step's 256 rows of 512 + 3,072 tokens), against what
-rollout.HFEngine.kv_budget derives on an H200 once the trainer's resident state (bench/scale.py's account), the
+hf_batches.kv_budget derives on an H200 once the trainer's resident state (bench/scale.py's account), the
 engine's own bf16 weights and the CUDA runtime are there.
 """
 import argparse
@@ -40,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                  
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # rollout.py, not bench's
 
 import rollout  # noqa: E402
+from harness import hf_batches  # noqa: E402
 import scale  # noqa: E402
 
 PROMPTS, G, NEW_TOKENS = 16, 8, 128
@@ -57,14 +59,15 @@ def request(vocab):
 def child(model_dir, variant, budget_mib):
     """One generate of `variant`; (peak bytes over the resident before it, seconds, samples)."""
     if variant == "before":
-        rollout.GEMM_ROWS = 0                      # logits_to_keep=0: every position's
-    engine = rollout.HFEngine(model_dir, 512, NEW_TOKENS, kv_budget_gib=budget_mib / 1024 if budget_mib else 1e6)
+        hf_batches.GEMM_ROWS = 0                   # logits_to_keep=0: every position's
+    engine = rollout.HFEngine(model_dir, 512, "float32", kv_budget_gib=budget_mib / 1024 if budget_mib else 1e6)
     prompts, seeds = request(len(engine.tokenizer))
     base = scale.PeakRSS.now()
     t0 = time.perf_counter()
     groups = engine.generate(prompts, G, 1.0, NEW_TOKENS, seeds=seeds)
     seconds = time.perf_counter() - t0
-    chunk = engine.prompts_per_chunk(G, max(map(len, prompts)), NEW_TOKENS)
+    chunk = hf_batches.prompts_per_chunk(G, max(map(len, prompts)), NEW_TOKENS, engine.token_bytes,
+                                         engine.kv_budget_gib, engine.device)
     return {"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base, "seconds": seconds,
             "chunks": math.ceil(PROMPTS / chunk), "tokens": [s.token_ids for g in groups for s in g],
             "logprobs": [s.logprobs for g in groups for s in g]}
@@ -74,7 +77,7 @@ def official_account():
     """The official preset's rollout on one H200 rank, by the formulas of HFEngine: (lines to print)."""
     from transformers import Qwen3Config
     c = scale.QWEN3_4B
-    token = rollout.kv_bytes_per_token(Qwen3Config(**c), torch.bfloat16)
+    token = hf_batches.kv_bytes_per_token(Qwen3Config(**c), torch.bfloat16)
     length = OFFICIAL["prompt"] + OFFICIAL["response"]
     whole, one_prompt = OFFICIAL["rows"] * length * token, G * length * token
     account = scale.memory_account(c, vllm_share=0, weight_sync=False)
@@ -82,7 +85,7 @@ def official_account():
                                         "reference (sharded)"))
     weights = 2 * scale.param_count(c)[0]
     runtime = 1e9 * scale.CUDA_RUNTIME[1]
-    budget = rollout.HF_KV_SHARE * (H200_BYTES - resident - weights - runtime)
+    budget = hf_batches.HF_KV_SHARE * (H200_BYTES - resident - weights - runtime)
     prompts_per_chunk = int(budget // one_prompt)
     chunks = math.ceil(OFFICIAL["rows"] // G / prompts_per_chunk)
     rows = prompts_per_chunk * G
@@ -93,7 +96,8 @@ def official_account():
             f"  a step's {OFFICIAL['rows']} rows x {length:,} tokens in one batch: {whole / 1e9:.1f} GB of KV cache "
             f"(the engine as it was)",
             f"  resident: the trainer's {resident / 1e9:.1f} GB, the engine's weights {weights / 1e9:.1f} GB, the CUDA "
-            f"runtime {runtime / 1e9:.1f} GB; the KV budget, {rollout.HF_KV_SHARE} of the rest: {budget / 1e9:.1f} GB",
+            f"runtime {runtime / 1e9:.1f} GB; the KV budget, {hf_batches.HF_KV_SHARE} of the rest: "
+            f"{budget / 1e9:.1f} GB",
             f"  one prompt's {G} rows: {one_prompt / 1e9:.2f} GB; {prompts_per_chunk} prompts a chunk "
             f"({prompts_per_chunk * one_prompt / 1e9:.1f} GB), {chunks} chunks a step",
             f"  beside a chunk's cache, a decode step's logits and CDF take {step_logits / 1e9:.2f} GB, and "

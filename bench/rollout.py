@@ -35,15 +35,17 @@ VARIANTS = {"now": ({}, {}), "detokenized": ({"detokenize": True}, {}),
 def measure(variant, repeats=6):
     """{rollout: [s], eval: [s], samples: (ids, log-probs, texts) of the first round} of one variant, here."""
     import vllm
-    from harness import data
+    from config import PRESETS
+    from harness import data, vllm_setup
     import rollout
     from harness import world
     from eval import benchmark_prompts
     from rollout import request_seed
     params_change, engine_change = VARIANTS[variant]
-    arguments, sampling_params = rollout.engine_arguments, vllm.SamplingParams
-    rollout.engine_arguments = lambda *a, **k: {**arguments(*a, **k), **engine_change}
-    engine = rollout.make_engine("vllm", world.BASE_DIR, 64, 48, cpu_kv_cache_gib=0.25)
+    arguments, sampling_params = vllm_setup.engine_arguments, vllm.SamplingParams
+    vllm_setup.engine_arguments = lambda *a, **k: {**arguments(*a, **k), **engine_change}
+    engine = rollout.make_engine("vllm", world.BASE_DIR, 64, 48, **{name: PRESETS["classroom"][name] for name in (
+        "dtype", "cpu_kv_cache_gib", "gpu_memory_utilization", "hf_kv_budget_gib")})
     # VLLMEngine.generate imports it at each call; vLLM's own modules hold the class from their import
     vllm.SamplingParams = lambda **k: sampling_params(**{**k, **params_change})
     encode = data.prompt_encoder(engine.tokenizer, classroom=True)

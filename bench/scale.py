@@ -339,7 +339,7 @@ def child_step(model_dir, variant):
     batch = make_step_batch()
     cfg = step_config(temperature=1.0, kl_coef=0.005, mini_batches=1, micro_batch_size=2,
                      max_tokens_per_micro_batch=v.get("budget"), defer_grad_sync=v.get("defer", False))
-    passes = grpo.micro_batches_for_all_ranks(batch.lengths(), cfg)
+    passes = grpo.micro_batches_for_all_ranks(grpo.sequence_lengths(batch.mask), cfg)
     computed = sum(batch.rows(p).input_ids.shape[1] * len(p) for p in passes)
     seconds = []
     for _ in range(2):
@@ -357,7 +357,7 @@ def child_sync(model_dir, streamed):
     from rollout import HFEngine
     rank, _, _ = init_distributed()
     policy = shard(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
-    engine = HFEngine(model_dir, 8, 8, dtype="bfloat16")
+    engine = HFEngine(model_dir, 8, dtype="bfloat16", kv_budget_gib=0.0)
     weights = lambda: sharding.gather_full_weights(policy, engine.dtype) if streamed else \
         [(name, t.full_tensor()) for name, t in policy.state_dict().items()]
     engine.load_weights(weights())                   # warm

@@ -38,7 +38,8 @@ def main():
     model = args.model or world.base_model_dir()
     encode = data.prompt_encoder(AutoTokenizer.from_pretrained(model), True)
     pairs = world.make_split("train")[:args.questions]
-    engine = make_engine("vllm", model, 64, 48, cpu_kv_cache_gib=0.25)
+    engine = make_engine("vllm", model, 64, 48, dtype="float32", cpu_kv_cache_gib=0.25, gpu_memory_utilization=0.75,
+                         hf_kv_budget_gib=0.0)
     P = len(pairs)
     prompts = [encode(p.original) for p in pairs] + [encode(p.rephrased) for p in pairs]
     seeds = [request_seed(0, "policy", 1, i, view) for view in (0, 1) for i in range(P)]

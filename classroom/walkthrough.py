@@ -38,11 +38,12 @@ from harness import watches  # noqa: E402
 import train  # noqa: E402
 from harness import world  # noqa: E402
 from harness.answers import extract_answer, is_equiv, majority_vote  # noqa: E402
-from grpo import grpo_loss, group_advantages, loss_normalizers_over_ranks, make_batch, score, train_step  # noqa: E402
+from grpo import (grpo_loss, group_advantages, loss_normalizers_over_ranks, make_batch, score, train_step,  # noqa: E402
+                  zero_variance)
 from harness.record import Step, step_record_over_ranks  # noqa: E402
-from rewards import labels_for, rewards_for, twin  # noqa: E402
+from rewards import agreement, label_groups, twin  # noqa: E402
 from rollout import request_seed  # noqa: E402
-from harness.sharding import gather_full_weights, init_distributed, load_sharded  # noqa: E402
+from harness.sharding import gather_full_weights, init_distributed, load_sharded, sync_engine_weights  # noqa: E402
 from teacher import ema_alpha, ema_update, teacher_rollout  # noqa: E402
 
 STEP = 1                     # the step shown: the run's first
@@ -161,8 +162,8 @@ def walk():
 
     # 3. label (each view's vote labels the other view's responses) and reward
     votes = [majority_vote(g) for g in answers]
-    labels = labels_for(args.method, answers, gold)
-    rewards = torch.tensor(rewards_for(answers, labels))                         # [2P, G]
+    labels = label_groups(args.method, answers, gold)[0]
+    rewards = torch.tensor(agreement(answers, labels))                         # [2P, G]
 
     # 4. advantages: the rewards normalised within each group
     advantages = group_advantages(rewards)
@@ -170,7 +171,7 @@ def walk():
     signal = lambda g: not (rewards[g] == rewards[g, 0]).all()
     k = next((k for k in range(P) if signal(k) and signal(k + P)), 0)          # the question shown in detail
     mine, pair = (k, k + P), step_pairs[k]
-    show(blocks, "questions", "train.py Questions.take: the step's questions", [
+    show(blocks, "questions", "harness/data.py Questions.take: the step's questions", [
         f"step {STEP} takes the training pairs {indices}",
         f"shown in detail: pair {indices[k]}, question {k + 1} of the step (data.Pair):",
         f"  original   q : {pair.original}",
@@ -186,12 +187,12 @@ def walk():
         lines += [f"  answers of all {G}: {answers[g]}"]
     show(blocks, "sample", "rollout.py VLLMEngine.generate, harness/answers.py extract_answer", lines)
 
-    show(blocks, "label", "harness/answers.py majority_vote, rewards.py labels_for('coreward1', ...)", [
+    show(blocks, "label", "harness/answers.py majority_vote, rewards.py label_groups('coreward1', ...)", [
         f"vote on q : {ans(votes[mine[0]])}    vote on q': {ans(votes[mine[1]])}    (gold {pair.answer})",
         f"label of the responses to q : {ans(labels[mine[0]])}  (the vote on group {twin(mine[0], 2 * P)}, q')",
         f"label of the responses to q': {ans(labels[mine[1]])}  (the vote on group {twin(mine[1], 2 * P)}, q)"])
 
-    show(blocks, "reward", "rewards.py rewards_for: 1 when the answer equals the label", [
+    show(blocks, "reward", "rewards.py agreement: 1 when the answer equals the label", [
         f"{VIEW_NAMES[v]}: label {ans(labels[g])}  rewards {bits(rewards[g].tolist())}" for v, g in zip(views, mine)])
 
     show(blocks, "advantages", "grpo.py group_advantages: (r - mean) / (std + 1e-6), std with Bessel's correction", [
@@ -235,25 +236,25 @@ def walk():
     moved = max((p - r).abs().max().item() for (_, p), (_, r) in zip(gather_full_weights(models.policy),
                                                                      gather_full_weights(models.ref)))
     show(blocks, "update", "grpo.py train_step: the gradient of the loss, clipped, and one AdamW step", [
-        f"grad_norm {num(stats['grad_norm'])} (clipped to {args.max_grad_norm})  "
-        f"clip_frac {num((stats['clipped_low_sum'] + stats['clipped_high_sum']) / stats['tokens'])}  kl {num(stats['kl_sum'] / stats['tokens'])}",
+        f"grad_norm {num(stats.grad_norm)} (clipped to {args.max_grad_norm})  "
+        f"clip_frac {num((stats.clipped_low_sum + stats.clipped_high_sum) / stats.tokens)}  kl {num(stats.kl_sum / stats.tokens)}",
         f"lr {num(lr)} (the warm-up's first step: {args.lr} x 1/{warmup})",
         f"{WEIGHT[0]}{list(WEIGHT[1])}: {before:.9g} -> {after:.9g} (change {num(after - before)})",
         f"largest |change| of a weight: {num(moved)} (lr {num(lr)})"])
 
     # 5. the EMA (coreward1 has no teacher), then the sync: the engine gets the updated policy
-    models.sync_engine()
+    sync_engine_weights(models.engine, models.policy)
     synced = sum(1 for _ in gather_full_weights(models.policy, models.engine.dtype))
-    show(blocks, "sync", "train.py Models.sync_engine: the updated policy's weights into the vLLM engine", [
+    show(blocks, "sync", "harness/sharding.py sync_engine_weights: the updated policy's weights into the vLLM engine", [
         f"{synced} tensors ({models.engine.dtype}) for {len(list(models.policy.parameters()))} parameters, by their "
         f"Hugging Face names (a tied one under each of its names)",
-        f"sampler_gap {stats['sampler_gap_sum'] / stats['tokens']:.1e}: the mean |vLLM - trainer| log-prob per "
+        f"sampler_gap {stats.sampler_gap_sum / stats.tokens:.1e}: the mean |vLLM - trainer| log-prob per "
         f"token of this step's responses (a {args.dtype} run stops above {watches.SAMPLER_GAP_CEILING[args.dtype]:g})"])
 
     keep = torch.ones(len(groups), dtype=torch.bool)                   # --group_filter none: every group trains
     view = [v for v in views for _ in step_pairs]
-    record = step_record_over_ranks(Step(STEP, groups, answers, gold, labels, rewards, rewards, keep, stats, view, lr,
-                                         None, {}), device, world_size)
+    record = step_record_over_ranks(Step(STEP, groups, answers, gold, labels, rewards, rewards, keep,
+                                         zero_variance(rewards), stats, view, lr, None, {}), device, world_size)
     show(blocks, "record", "harness/record.py step_record_over_ranks: the step's line of metrics.jsonl (without its times)",
          wrap([f"{key} {num(v, 2 if key == 'sampler_gap' else 4) if isinstance(v, float) else v}"
                for key, v in record.items()]))
@@ -293,9 +294,9 @@ def coreward2_branch(blocks, args, models, model_dir, device, prompts, indices, 
     teacher_groups = teacher_rollout(models.engine, teacher, prompts, seeds, G, args.temperature,
                                      args.max_response_len)
     teacher_answers = [[extract_answer(s.text) for s in g] for g in teacher_groups]
-    labels = labels_for("coreward2", answers, gold, teacher_answers)
-    rewards = rewards_for(answers, labels)
-    show(blocks, "teacher", "teacher.py teacher_rollout, rewards.py labels_for('coreward2', ...)", [
+    labels = label_groups("coreward2", answers, gold, teacher_answers)[0]
+    rewards = agreement(answers, labels)
+    show(blocks, "teacher", "teacher.py teacher_rollout, rewards.py label_groups('coreward2', ...)", [
         f"the teacher (at step 1 the start model) answers q: request seed {seeds[k]} = "
         f"request_seed({args.seed}, 'teacher', {STEP}, {indices[k]}, 0)",
         f"  teacher's answers: {teacher_answers[k]}",

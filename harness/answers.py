@@ -4,14 +4,13 @@ vote over equivalence classes.  Co-rewarding's rewards are such votes; the offic
 them.  Here they are one vote, and different things stay different: a grader mistake is a training signal.
 
 Policies:
-- The last box wins: the answer is the content of the last `\boxed{..}`; if that box is empty or unclosed there is
-  no answer (an earlier box is not used).
+- The last box wins: the answer is the content of the last `\boxed{..}`; an empty or unclosed one is no answer.
 - A percent is its number: `28\%`, `28 percent`, `28 pct` all equal `28` (and not `0.28`).
 - An approximation never equals an exact irrational or fraction: `1.414` != `\sqrt2`, `0.333` != `\frac13`.
-- Never join digits across a space: `4 4/9` is the mixed number 4 + 4/9 (`a b/c` with b < c is a + b/c), never
-  44/9; other digit-space-digit text (`4 9/4`, `1 000`) is compared as text.
-- A comma is a thousands separator only in the strict form of a whole answer (`1,234`, `1{,}234`, `1,\!234`: 1-3
-  digits, then groups of exactly 3, no spaces); otherwise it separates list items (`1, 234` is a list).
+- Never join digits across a space: `4 4/9` is the mixed number 4 + 4/9 (`a b/c` with b < c), never 44/9; other
+  digit-space-digit text (`4 9/4`, `1 000`) is compared as text.
+- A comma is a thousands separator only in the strict form of a whole answer (`1,234`, `1{,}234`, `1,\!234`);
+  otherwise it separates list items (`1, 234` is a list).
 
 `is_equiv(a, b)` works in four steps:
 
@@ -26,14 +25,13 @@ Policies:
 3. Numbers: integers, decimals, `a/b` and `\frac{a}{b}` become exact Fractions: `142.0` == `142`, `025` == `25`.
 4. Relations and expressions: a small LaTeX reader turns each side into sympy (refusing anything it does not know).
    Rationals are compared exactly, other constants to 40 digits (`2\sqrt2` == `\sqrt8`), and expressions with
-   variables exactly at SAMPLE_POINTS points (`(a+5)(b+2)` == `ab+2a+5b+10`; Schwartz-Zippel identity testing), at
-   which each variable takes its own rational value, fixed by a hash of its name and the point (`_sample_value`):
-   equal when they agree wherever both are defined, at MIN_AGREEING points at least.  Two equations are equal when
-   one's lhs - rhs is a nonzero constant multiple of the other's (`2x+4y-3=0` == `y = -\frac12 x + \frac34`); two
-   inequalities, each written d < 0 or d <= 0, when they are equally strict and one d is a positive constant
-   multiple of the other (`x \le 5` == `5 \ge x`, `x < 5` != `x \le 5`); chains (`1 < x \le 3`) link to link, in
-   any order.  Subscripted symbols (`x_1`) are opaque variables, and `\sum_{k=a}^{b}` / `\prod_{k=a}^{b}` opaque
-   terms, equal when their bounds, variable and body are.
+   variables exactly at SAMPLE_POINTS points, each variable a rational fixed by a hash of its name and the point
+   (`(a+5)(b+2)` == `ab+2a+5b+10`; Schwartz-Zippel identity testing): equal when they agree wherever both are
+   defined, at MIN_AGREEING points at least.  Equations are equal when one's lhs - rhs is a nonzero constant multiple
+   of the other's (`2x+4y-3=0` == `y = -\frac12 x + \frac34`); inequalities, each written d < 0 or d <= 0, when they
+   are equally strict and one d is a positive constant multiple of the other (`x \le 5` == `5 \ge x`, `x < 5` !=
+   `x \le 5`); chains (`1 < x \le 3`) link to link, in any order.  Subscripted symbols (`x_1`) are opaque variables,
+   and `\sum_{k=a}^{b}` / `\prod_{k=a}^{b}` opaque terms, equal when their bounds, variable and body are.
 
 Limits, judged different (or compared as text) though a reader might call them equal: an equation against its
 value (`2x = 6` against `3`); equations that are multiples by a non-constant (`y = \frac1x` against `xy = 1`);
@@ -50,9 +48,8 @@ Bounded work.  A vote over hostile answers must not stall a training step, so:
   warning) the helper is replaced, the pair judged different, the rest of the call compared as text, uncached, and
   an answer whose reading alone took half the limit compared as text from then on.  No signals: safe in threads.
 
-Why not math-verify (HF's verifier)?  Both are near perfect on perturbed gold answers of the shipped eval sets, and
-it reads more LaTeX (bench/grader.py), but its timeouts use `signal.alarm` (main thread only), it is far slower, and
-it rounds floats (`0.333333` == `1/3`), merging approximations with exact answers in a vote.
+Why not math-verify (HF's verifier; bench/grader.py compares them)?  It reads more LaTeX, but its timeouts use
+`signal.alarm` (main thread only), it is far slower, and it rounds floats (`0.333333` == `1/3`).
 """
 
 import atexit
@@ -105,44 +102,32 @@ def _within_time_limit(function):
 
 # ------------------------------------------------------- the public functions
 
-
 def extract_answer(text):
     """Content of the last `\\boxed{..}`, `\\fbox{..}` or `\\boxed 7`; None if none, empty or unclosed."""
-    last = None
-    for last in _BOX.finditer(text or ""):
-        pass
-    if last is None:
+    boxes = list(_BOX.finditer(text or ""))
+    if not boxes:
         return None
-    rest = text[last.end():]
-    stripped = rest.lstrip()
-    if stripped.startswith("{"):
-        content = _braced_content(stripped)
+    rest = text[boxes[-1].end():].lstrip()
+    if rest.startswith("{"):
+        content = _braced_content(rest)
     else:  # `\boxed 7`: the argument is the next run of non-space characters
-        token = re.match(r"[^\s${}][^\s$]*", stripped)
+        token = re.match(r"[^\s${}][^\s$]*", rest)
         content = token.group(0) if token else None
-    if content is None or not content.strip():
-        return None
-    return content.strip()
+    return (content and content.strip()) or None
 
 
 @_within_time_limit
 def is_equiv(a, b):
     """True when answers a and b are equal as mathematics; None -> False."""
-    if a is None or b is None:
-        return False
-    a, b = normalize(a), normalize(b)
-    if a is None or b is None:
-        return False
-    return _equiv_normalized(min(a, b), max(a, b))
+    a, b = (None if x is None else normalize(x) for x in (a, b))
+    return a is not None and b is not None and _equiv_normalized(min(a, b), max(a, b))
 
 
 @_within_time_limit
 def majority_vote(answers):
     """The first member, as written, of the largest of the `answer_classes` (a tie: the earliest class), or None."""
     classes = answer_classes(answers)
-    if not classes:
-        return None
-    return max(classes, key=len)[0]  # max keeps the first of equally large classes
+    return max(classes, key=len)[0] if classes else None  # max keeps the first of equally large classes
 
 
 def answer_classes(answers):
@@ -178,9 +163,7 @@ def answer_class_indices(answers):
 def normalize(answer):
     """Canonical string for an answer, or None if it is empty, unbalanced, nested deeper than MAX_NESTING or longer
     than MAX_ANSWER_CHARS (checked first, so the cache holds no longer answer)."""
-    if len(answer) > MAX_ANSWER_CHARS:
-        return None
-    return _normalize(answer)
+    return None if len(answer) > MAX_ANSWER_CHARS else _normalize(answer)
 
 
 def clear_caches():
@@ -198,14 +181,10 @@ def _braced_content(text):
     """Text inside the brace group that opens text, or None if it never closes."""
     depth, i = 0, 0
     while i < len(text):
-        char = text[i]
-        if char == "\\":  # `\{`, `\}` and `\\` are not grouping braces
-            i += 2
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
+        if text[i] == "\\":  # `\{`, `\}` and `\\` are not grouping braces: skip the next character
+            i += 1
+        elif text[i] in "{}":
+            depth += 1 if text[i] == "{" else -1
             if depth == 0:
                 return text[1:i]
         i += 1
@@ -227,6 +206,10 @@ _TRAILING_PUNCTUATION = re.compile(r"(?<!\.)\s*[.,]\s*$")  # `5.`, `5,` but not 
 _RELATION_SPELLING = re.compile(
     r"\\(?:(leq?(?:slant)?|leqq)|(geq?(?:slant)?|geqq)|(lt)|gt)(?![A-Za-z])|(≤|<=)|(≥|>=)")
 _CONJUNCTION = re.compile(r"(?<![A-Za-z\\])(?:or|and)(?![A-Za-z])")
+_ALTERNATIVE = re.compile(r" ?(?<![A-Za-z\\])or(?![A-Za-z]) ?")  # the word `or` (normal forms keep a space by a letter)
+_RELATION_SIGN = re.compile(r"\\le(?![A-Za-z])|\\ge(?![A-Za-z])|[<>=]")
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+_VARIABLE_LETTER = re.compile(r"[A-Za-df-hj-z]")  # e and i are constants
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _PLAIN_MIXED = re.compile(r"(?<![\w.}^\\/])(\d+) (\d+) ?/ ?(\d+)(?![\w.^])")
 # A space matters only between two letters (`\cot x`, `\frac a b`) or two digits (`4 9/4`).
@@ -261,19 +244,13 @@ def _normalize(answer):
     s = re.sub(r"^\(([A-Z])\)$", r"\1", s)  # multiple choice: (B) -> B
     if re.fullmatch(r"[A-Za-z]{3,}( [A-Za-z]+)*", s):  # words: East == east
         s = s.lower()
-    if not s or _nesting(s) is None:
-        return None
-    return s
+    return s if s and _nesting(s) is not None else None
 
 
 def _relation_sign(match):
     """One spelling for each relation sign: \\le, \\ge, <, >."""
-    less_equal, greater_equal, less, plain_less_equal, plain_greater_equal = match.groups()
-    if less_equal or plain_less_equal:
-        return "\\le"
-    if greater_equal or plain_greater_equal:
-        return "\\ge"
-    return "<" if less else ">"
+    le, ge, lt, plain_le, plain_ge = match.groups()
+    return "\\le" if le or plain_le else "\\ge" if ge or plain_ge else "<" if lt else ">"
 
 
 def _plain_mixed_number(match):
@@ -289,15 +266,9 @@ def _last_right_hand_side(s):
     sides, signs = _split_relations(s)
     if not signs or set(signs) != {"="} or not sides[-1].strip():
         return s
-    if len(signs) == 1 and (_has_variable(sides[0]) or _has_variable(sides[1])):
-        return s
-    if len(_split_top_level(s, ",")) > 1 or _CONJUNCTION.search(s):
-        return s
-    return sides[-1]
-
-
-_COMMAND = re.compile(r"\\[A-Za-z]+")
-_VARIABLE_LETTER = re.compile(r"[A-Za-df-hj-z]")  # e and i are constants
+    equation = len(signs) == 1 and (_has_variable(sides[0]) or _has_variable(sides[1]))
+    listed = len(_split_top_level(s, ",")) > 1 or _CONJUNCTION.search(s)
+    return s if equation or listed else sides[-1]
 
 
 def _drop_variable_name(s):
@@ -309,41 +280,21 @@ def _drop_variable_name(s):
     if signs != ["="]:
         return s
     left, right = sides[0].strip(), sides[1].strip()
-    if re.fullmatch(r"[A-Za-z]", left) and right and not _has_variable(right):
-        return right
-    if re.fullmatch(r"[A-Za-z]", right) and left and not _has_variable(left):
-        return left
+    for name, value in ((left, right), (right, left)):
+        if re.fullmatch(r"[A-Za-z]", name) and value and not _has_variable(value):
+            return value
     return s
 
 
 def _has_variable(s):
     """True when s names a variable: a Greek letter the reader knows, or any letter but e and i outside commands."""
-    if any(command[1:] in _GREEK for command in _COMMAND.findall(s)):
-        return True
-    return _VARIABLE_LETTER.search(_COMMAND.sub("", s)) is not None
-
-
-_RELATION_SIGN = re.compile(r"\\le(?![A-Za-z])|\\ge(?![A-Za-z])|[<>=]")
+    return (any(command[1:] in _GREEK for command in _COMMAND.findall(s))
+            or _VARIABLE_LETTER.search(_COMMAND.sub("", s)) is not None)
 
 
 def _split_relations(s):
     """(sides, signs): s split at relation signs (=, <, >, \\le, \\ge) outside brackets."""
-    sides, signs, depth, start, i = [], [], 0, 0, 0
-    while i < len(s):
-        char = s[i]
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-        elif depth == 0 and char in "<>=\\":
-            sign = _RELATION_SIGN.match(s, i)
-            if sign:
-                sides.append(s[start:i])
-                signs.append(sign.group())
-                start = i = sign.end()
-                continue
-        i += 1
-    return sides + [s[start:]], signs
+    return _split_outside_brackets(s, _RELATION_SIGN)
 
 
 def _nesting(s):
@@ -367,23 +318,25 @@ def _equiv_normalized(a, b):
     """is_equiv on normal forms (given in sorted order, so the cache sees each pair once)."""
     if a == b:
         return True
-    kind_a, parts_a = _structure(a)
-    kind_b, parts_b = _structure(b)
-    if max(len(parts_a), len(parts_b)) > MAX_PARTS:
-        return False
-    if kind_a != kind_b or len(parts_a) != len(parts_b):
+    (kind_a, parts_a), (kind_b, parts_b) = _structure(a), _structure(b)
+    if kind_a != kind_b or len(parts_a) != len(parts_b) or len(parts_a) > MAX_PARTS:
         return False
     if kind_a == "atom":
         return _equiv_atoms(parts_a[0], parts_b[0])
-    if kind_a == "set":  # unordered: match each part of a to an unused part of b
-        unused = list(parts_b)
-        for part in parts_a:
-            match = next((q for q in unused if is_equiv(part, q)), None)
-            if match is None:
-                return False
-            unused.remove(match)
-        return True
+    if kind_a == "set":
+        return _pair_off(parts_a, parts_b, is_equiv)
     return all(is_equiv(p, q) for p, q in zip(parts_a, parts_b))
+
+
+def _pair_off(parts_a, parts_b, equal):
+    """True when each of parts_a is `equal` to its own part of parts_b (the first not taken by an earlier one)."""
+    unused = list(parts_b)
+    for part in parts_a:
+        match = next((q for q in unused if equal(part, q)), None)
+        if match is None:
+            return False
+        unused.remove(match)
+    return True
 
 
 def _structure(s):
@@ -418,26 +371,27 @@ def _structure(s):
     return "atom", [s]
 
 
-_ALTERNATIVE = re.compile(r" ?(?<![A-Za-z\\])or(?![A-Za-z]) ?")  # the word `or` (normal forms keep a space by a letter)
-
-
 def _split_top_level(s, separator):
     """Split s at separators (a string, or a compiled pattern) that are not inside any brackets."""
-    parts, depth, start, i = [], 0, 0, 0
+    return _split_outside_brackets(s, separator)[0]
+
+
+def _split_outside_brackets(s, separator):
+    """(parts, the separators between them): s split at separators (a string or a compiled pattern) outside brackets."""
+    pattern = re.compile(re.escape(separator)) if isinstance(separator, str) else separator
+    parts, found, depth, start, i = [], [], 0, 0, 0
     while i < len(s):
         if s[i] in "([{":
             depth += 1
         elif s[i] in ")]}":
             depth -= 1
-        elif depth == 0:
-            end = (i + len(separator) if s.startswith(separator, i) else None) if isinstance(separator, str) else \
-                (lambda m: m and m.end())(separator.match(s, i))
-            if end:
-                parts.append(s[start:i])
-                start = i = end
-                continue
+        elif depth == 0 and (match := pattern.match(s, i)):
+            parts.append(s[start:i])
+            found.append(match.group())
+            start = i = match.end()
+            continue
         i += 1
-    return parts + [s[start:]]
+    return parts + [s[start:]], found
 
 
 def _union_members(parts):
@@ -465,10 +419,7 @@ def _expand_pm(items):
     """`1\\pm\\sqrt5` stands for two items, `1+\\sqrt5` and `1-\\sqrt5`."""
     expanded = []
     for item in items:
-        if item.count("\\pm") == 1:
-            expanded += [item.replace("\\pm", sign) for sign in "+-"]
-        else:
-            expanded.append(item)
+        expanded += [item.replace("\\pm", sign) for sign in "+-"] if item.count("\\pm") == 1 else [item]
     return expanded
 
 
@@ -481,11 +432,8 @@ def _equiv_atoms(a, b):
 # ------------------------------------------------------------------- numbers
 
 _NUM = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
-_FRACTION_FORMS = [
-    re.compile(rf"(?P<num>{_NUM})"),
-    re.compile(rf"(?P<num>{_NUM})/(?P<den>{_NUM})"),
-    re.compile(rf"(?P<sign>[+-]?)\\frac\{{(?P<num>{_NUM})\}}\{{(?P<den>{_NUM})\}}"),
-]
+_FRACTION_FORMS = [re.compile(rf"(?P<num>{_NUM})"), re.compile(rf"(?P<num>{_NUM})/(?P<den>{_NUM})"),
+                   re.compile(rf"(?P<sign>[+-]?)\\frac\{{(?P<num>{_NUM})\}}\{{(?P<den>{_NUM})\}}")]
 
 
 @functools.lru_cache(maxsize=100_000)
@@ -494,8 +442,7 @@ def _as_fraction(s):
     if len(s) > 200:
         return None
     for form in _FRACTION_FORMS:
-        match = form.fullmatch(s)
-        if match:
+        if match := form.fullmatch(s):
             parts = match.groupdict()
             value = Fraction(parts["num"])
             if parts.get("den") is not None:
@@ -516,8 +463,7 @@ _GREEK = {"alpha", "beta", "gamma", "delta", "theta", "mu", "phi", "omega"}
 _OPERATORS = {"+": "+", "-": "-", "*": "*", "/": "/", "\\cdot": "*", "\\times": "*", "\\div": "/"}
 _CLOSERS = {"(": ")", "{": "}", "[": "]"}
 # Opaque, never evaluated: x_1 is Subscript(x, 1), \sum_{k=a}^{b} t is SumOf(t, k, a, b); each a variable once read.
-_OPAQUE = {"Subscript": sympy.Function("Subscript"), "SumOf": sympy.Function("SumOf"),
-           "ProductOf": sympy.Function("ProductOf")}
+_OPAQUE = {name: sympy.Function(name) for name in ("Subscript", "SumOf", "ProductOf")}
 _BIG_OPERATORS = {"\\sum": "SumOf", "\\prod": "ProductOf"}
 _COMBINATORICS = {"factorial": sympy.factorial, "binomial": sympy.binomial}  # n!, \binom{n}{k}
 # The reader writes each function as an undefined one of the same name (sympy computes factorial(10**10) as soon
@@ -525,9 +471,8 @@ _COMBINATORICS = {"factorial": sympy.factorial, "binomial": sympy.binomial}  # n
 _REAL = {**_FUNCTIONS, **_COMBINATORICS}
 _DEFERRED = {name: sympy.Function(name) for name in _REAL}
 _CALLS = {*_REAL, *_OPAQUE}  # names followed by their arguments, not by an implicit product
-_NAMES = {**_DEFERRED, **_OPAQUE, "pi": sympy.pi, "E": sympy.E, "I": sympy.I, "oo": sympy.oo,
-          "Integer": sympy.Integer, "Rational": sympy.Rational, "Add": sympy.Add,
-          "Mul": sympy.Mul, "Pow": sympy.Pow, "__builtins__": {}}
+_NAMES = {**_DEFERRED, **_OPAQUE, "pi": sympy.pi, "E": sympy.E, "I": sympy.I, "oo": sympy.oo, "Integer": sympy.Integer,
+          "Rational": sympy.Rational, "Add": sympy.Add, "Mul": sympy.Mul, "Pow": sympy.Pow, "__builtins__": {}}
 _BOUND = "#"  # marks a sum's variable in its body: `\sum_{i=1}^{n} i` sums i, not sqrt(-1)
 
 
@@ -542,8 +487,7 @@ def _to_sympy(s):
     try:
         if len(s) > MAX_SYMPY_CHARS:
             return None
-        tokens = _tokenize(s)
-        python, _ = _read_sequence(tokens, 0, None)
+        python, _ = _read_sequence(_tokenize(s), 0, None)
         symbols = {t: sympy.Symbol(t) for t in python if t.isalpha() and t not in _NAMES}
         expr = parse_expr(_with_implicit_products(python), local_dict=symbols,
                           global_dict=dict(_NAMES), transformations=(), evaluate=False)
@@ -575,8 +519,7 @@ def _tokenize(s):
             if len(token) > 2:
                 raise _NotMath(token)
             tokens.extend(token)
-        elif (tokens and _is_number(token) and _is_number(tokens[-1])
-              and tokens[-2:-1] not in (["_"], ["^"])):
+        elif tokens and _is_number(token) and _is_number(tokens[-1]) and tokens[-2:-1] not in (["_"], ["^"]):
             raise _NotMath("two numbers in a row")
         else:
             tokens.append(token)
@@ -612,8 +555,8 @@ def _read_item(tokens, pos):
     name = token.lstrip("\\")
     if token[0] == _BOUND:
         return [token[1:]], pos
-    subscripted = len(token) == 1 and token.isalpha() or name in _GREEK
-    if subscripted and pos < len(tokens) and tokens[pos] == "_":  # x_1, F_{n-k-1}: an opaque variable
+    variable = len(token) == 1 and token.isalpha() or name in _GREEK
+    if variable and pos < len(tokens) and tokens[pos] == "_":  # x_1, F_{n-k-1}: an opaque variable
         index, pos = _read_item(tokens, pos + 1)
         return ["Subscript", "(", name, ",", *index, ")"], pos
     if token in _CLOSERS:
@@ -621,13 +564,11 @@ def _read_item(tokens, pos):
         if not inner:
             raise _NotMath("empty group")
         return ["(", *inner, ")"], pos
-    if token == "\\frac":
-        numerator, pos = _read_item(tokens, pos)
-        denominator, pos = _read_item(tokens, pos)
-        return ["(", *numerator, ")", "/", "(", *denominator, ")"], pos
-    if token == "\\binom":
+    if token in ("\\frac", "\\binom"):
         top, pos = _read_item(tokens, pos)
         bottom, pos = _read_item(tokens, pos)
+        if token == "\\frac":
+            return ["(", *top, ")", "/", "(", *bottom, ")"], pos
         return ["binomial", "(", *top, ",", *bottom, ")"], pos
     if token == "\\sqrt" and pos < len(tokens) and tokens[pos] == "[":
         index, pos = _read_sequence(tokens, pos + 1, "]")
@@ -652,12 +593,10 @@ def _read_item(tokens, pos):
         return [_OPERATORS[token]], pos
     if token in _CONSTANTS:
         return [_CONSTANTS[token]], pos
-    if name in _GREEK:
-        return [name], pos
     if _is_number(token):
         return [f"Integer({int(token)})" if token.isdigit() else f"Rational('{token}')"], pos
-    if len(token) == 1 and token.isalpha():
-        return [token], pos
+    if variable:
+        return [name], pos
     raise _NotMath(token)
 
 
@@ -800,17 +739,13 @@ def _reading(s):
         if len(signs) > MAX_PARTS:
             return "?", []
         expressions = [_to_sympy(side) for side in sides]
-        if None in expressions or (len(signs) > 1 and "=" in signs):
-            return "?", []
-        if not any(expr.free_symbols for expr in expressions):  # `1 < 2` and `3 < 4` are not one answer
+        # unreadable sides, chains with `=`, relations without a variable (`1 < 2` and `3 < 4` are not one answer)
+        if None in expressions or (len(signs) > 1 and "=" in signs) or not any(e.free_symbols for e in expressions):
             return "?", []
         if signs == ["="]:
             return "=", [(_sampled(expressions[0] - expressions[1]), False)]
-        links = []
-        for left, sign, right in zip(expressions, signs, expressions[1:]):
-            difference = left - right if sign in ("<", "\\le") else right - left
-            links.append((_sampled(difference), sign in ("<", ">")))
-        return "<", links
+        return "<", [(_sampled(left - right if sign in ("<", "\\le") else right - left), sign in ("<", ">"))
+                     for left, sign, right in zip(expressions, signs, expressions[1:])]
     except Exception:
         return None
 
@@ -833,32 +768,17 @@ def _math_equal(a, b, progress=lambda: None):
             return _same_expression(links_a[0][0], links_b[0][0])
         if kind_a == "=":
             return _proportional(links_a[0][0], links_b[0][0], positive=False)
-        unused = list(links_b)
-        for difference, strict in links_a:
-            match = next((link for link in unused if link[1] == strict
-                          and _proportional(difference, link[0], positive=True)), None)
-            if match is None:
-                return False
-            unused.remove(match)
-        return True
+        return _pair_off(links_a, links_b, lambda p, q: p[1] == q[1] and _proportional(p[0], q[0], positive=True))
     except Exception:
         return False
 
 
 def _same_expression(a, b):
-    """Equal _Sampled expressions: equal at every sample point where both are defined."""
+    """Equal _Sampled expressions: equal at every sample point where both are defined (at a pole, neither is)."""
     if a.undefined or b.undefined:
         return False
-    if a.expr == b.expr:
-        return True
-    agreed = 0
-    for value_a, value_b in zip(a.values, b.values):
-        if value_a is None or value_b is None:
-            continue  # a pole: this point says nothing
-        if not _same_value(value_a, value_b):
-            return False
-        agreed += 1
-    return agreed >= MIN_AGREEING
+    pairs = _both_defined(a, b)
+    return a.expr == b.expr or (all(_same_value(x, y) for x, y in pairs) and len(pairs) >= MIN_AGREEING)
 
 
 def _proportional(a, b, positive):
@@ -871,9 +791,7 @@ def _proportional(a, b, positive):
     if not (a.has_variables or b.has_variables):  # `1 = 2` and `3 = 5` are not one answer
         return False
     ratios = []
-    for value_a, value_b in zip(a.values, b.values):
-        if value_a is None or value_b is None:
-            continue
+    for value_a, value_b in _both_defined(a, b):
         zero_a, zero_b = _same_value(value_a, _ZERO), _same_value(value_b, _ZERO)
         if zero_a != zero_b:
             return False
@@ -885,6 +803,11 @@ def _proportional(a, b, positive):
     if positive and _sign(first_a) * _sign(first_b) != 1:
         return False
     return all(_same_value(_times(value_a, first_b), _times(value_b, first_a)) for value_a, value_b in rest)
+
+
+def _both_defined(a, b):
+    """(value of a, value of b) at each sample point where both _Sampled a and b are defined."""
+    return [(x, y) for x, y in zip(a.values, b.values) if x is not None and y is not None]
 
 
 def _same_value(a, b):
@@ -904,9 +827,7 @@ def _times(a, b):
 def _sign(value):
     """1, -1 or 0 (zero, or not a real number) for an (exact, number) pair."""
     number = value[1]
-    if not number.is_real:
-        return 0
-    return 1 if number > 0 else -1 if number < 0 else 0
+    return 0 if not number.is_real else 1 if number > 0 else -1 if number < 0 else 0
 
 # ------------------------------------------------------- the helper process
 
@@ -1006,30 +927,22 @@ class _SympyProcess:
 
 def _serve(limits):
     """The helper process, with the parent's `limits`: replies until stdin closes or a reply finds no reader."""
+    globals().update(limits)
+    progress = lambda: print(".", end="", flush=True)
     try:
-        _answer_requests(limits)
+        for a, b in _WARM_UP:
+            _math_equal(normalize(a), normalize(b))
+        _clear_local_caches()
+        print("ready", flush=True)
+        for line in sys.stdin:
+            request = json.loads(line)
+            if request[0] == "clear":
+                _clear_local_caches()
+                print("0", flush=True)
+            else:
+                print(int(_math_equal(request[1], request[2], progress)), flush=True)
     except BrokenPipeError:
         os._exit(0)                     # at once: a normal exit would flush stdout again, and report that too
-
-
-def _answer_requests(limits):
-    globals().update(limits)
-
-    def progress():
-        sys.stdout.write(".")
-        sys.stdout.flush()
-
-    for a, b in _WARM_UP:
-        _math_equal(normalize(a), normalize(b))
-    _clear_local_caches()
-    print("ready", flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        if request[0] == "clear":
-            _clear_local_caches()
-            print("0", flush=True)
-        else:
-            print(int(_math_equal(request[1], request[2], progress)), flush=True)
 
 
 _sympy = _SympyProcess()

@@ -5,14 +5,14 @@
         trainer.pt       the step, the LR scheduler, the data order and cursor, the data-shuffle generator
         rng_rank{R}.pt   rank R's global torch RNG (it draws the mini-batch order), and CUDA's on a GPU
         config.json      the run's resolved configuration (train.py --resume reads it)
-        hf/              the model's Hugging Face config, generation_config (its end tokens) and tokenizer, to rebuild
-                         the policy as final/ holds it (`to_hf`)
+        hf/              the model's Hugging Face config, generation_config (its end tokens) and tokenizer (`to_hf`)
 
 Atomic: each rank writes its part into step_S.partial/, which rank 0 renames to step_S/ once all of it is on disk
 (`publish`): even a machine's crash leaves no torn step_S/, and `latest` never picks .partial. final/ likewise. Nodes
 must share OUT's filesystem. Not saved: the start model (--model) and the engine's RNG, which nothing draws from.
 """
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -31,9 +31,17 @@ from tqdm import tqdm
 from harness.errors import MissingInput, OutOfDisk
 from harness.sharding import reshard
 
-# What a checkpoint that cannot be read raises: DCP's CheckpointException derives from BaseException.
-LOAD_ERRORS = (Exception, dcp.api.CheckpointException)
+LOAD_ERRORS = (Exception, dcp.api.CheckpointException)   # what an unreadable checkpoint raises (DCP's: a BaseException)
 STEP_DIR = re.compile(r"step_(\d+)")        # a complete checkpoint's folder name; a killed save's ends in .partial
+
+
+@dataclasses.dataclass
+class Trained:
+    """The models' part of what a checkpoint saves and restores (the data order is data.Questions' `state`)."""
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    teacher: torch.nn.Module | None       # the EMA teacher of the teacher methods
 
 
 def step_dir(out, step):
@@ -43,9 +51,8 @@ def step_dir(out, step):
 def complete(out):
     """[(step, path)] of the complete checkpoints in `out`, oldest first."""
     root = os.path.join(out, "checkpoints")
-    found = [(int(m.group(1)), os.path.join(root, name)) for name in (os.listdir(root) if os.path.isdir(root) else [])
-             if (m := STEP_DIR.fullmatch(name))]
-    return sorted(found)
+    return sorted((int(m.group(1)), os.path.join(root, name))
+                  for name in (os.listdir(root) if os.path.isdir(root) else []) if (m := STEP_DIR.fullmatch(name)))
 
 
 def latest(out):
@@ -66,10 +73,8 @@ SAMPLED_BLOCKS = 64
 def model_fingerprint(model_dir):
     """{file: sha256} of --model's files, for a resume; a large file's: of its size and SAMPLED_BLOCKS 1 MiB blocks."""
     prints = {}
-    for name in sorted(os.listdir(model_dir)):
+    for name in sorted(n for n in os.listdir(model_dir) if os.path.isfile(os.path.join(model_dir, n))):
         path = os.path.join(model_dir, name)
-        if not os.path.isfile(path):
-            continue
         digest, size = hashlib.sha256(), os.path.getsize(path)
         with open(path, "rb") as f:
             if size <= FULL_HASH_BYTES:
@@ -98,8 +103,8 @@ def fingerprint_changes(saved, now):
                        f"tokenizer (which changes which prompts are too long) gives other questions to the saved "
                        f"data order")
     if saved["model"] != now["model"]:
-        files = sorted(set(saved["model"]) ^ set(now["model"]) |
-                       {f for f in saved["model"] if f in now["model"] and saved["model"][f] != now["model"][f]})
+        a, b = saved["model"], now["model"]
+        files = sorted(f for f in a.keys() | b.keys() if a.get(f) != b.get(f))
         changes.append(f"the start model's files ({', '.join(files)}); the frozen reference and the engine are loaded "
                        f"from it")
     return changes
@@ -112,15 +117,8 @@ def read_config(path):
 
 def _weights(policy, optimizer, teacher):
     model, optim = get_state_dict(policy, optimizer)
-    state = {"policy": model, "optimizer": optim}
-    if teacher is not None:
-        state["teacher"] = get_model_state_dict(teacher)
-    return state
-
-
-def _rng_state():
-    return {"torch": torch.get_rng_state(),
-            **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
+    teacher_state = {} if teacher is None else {"teacher": get_model_state_dict(teacher)}
+    return {"policy": model, "optimizer": optim, **teacher_state}
 
 
 def fsync_files(*paths):
@@ -149,25 +147,23 @@ def publish(partial, final):
 
 def save(out, step, policy, optimizer, teacher, trainer_state, config, tokenizer, keep_last):
     """Write OUT/checkpoints/step_S (collective), then keep the newest `keep_last` (0: all); returns its path."""
-    rank = dist.get_rank()
-    final = step_dir(out, step)
+    rank, final = dist.get_rank(), step_dir(out, step)
     partial = final + ".partial"
     if rank == 0:
         if os.path.exists(partial):                         # a save of this step that was killed
             shutil.rmtree(partial)
         os.makedirs(partial)
     dist.barrier()
-    models = [policy] if teacher is None else [policy, teacher]
-    reshard(*models)
+    reshard(*(m for m in (policy, teacher) if m is not None))
     dcp.save(_weights(policy, optimizer, teacher), checkpoint_id=os.path.join(partial, "weights"))
-    torch.save(_rng_state(), os.path.join(partial, f"rng_rank{rank}.pt"))
+    rng = {"torch": torch.get_rng_state()} | ({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})
+    torch.save(rng, os.path.join(partial, f"rng_rank{rank}.pt"))
     fsync_files(os.path.join(partial, f"rng_rank{rank}.pt"))                # DCP syncs the shards it writes
     if rank == 0:
         torch.save({**trainer_state, "step": step, "world_size": dist.get_world_size()},
                    os.path.join(partial, "trainer.pt"))
-        policy.config.save_pretrained(os.path.join(partial, "hf"))
-        policy.generation_config.save_pretrained(os.path.join(partial, "hf"))
-        tokenizer.save_pretrained(os.path.join(partial, "hf"))
+        for part in (policy.config, policy.generation_config, tokenizer):
+            part.save_pretrained(os.path.join(partial, "hf"))
         with open(os.path.join(partial, "config.json"), "w") as f:
             json.dump(config, f, indent=1)
     dist.barrier()                                          # every rank's part is on disk
@@ -214,8 +210,7 @@ def disk_of(path):
 def prune(out, keep_last):
     """Remove all but the newest `keep_last` checkpoints (0: all), and .partial folders. Each is renamed .partial first,
     so a kill while removing it leaves no torn step_S."""
-    found = complete(out)
-    for _, path in found[:-keep_last] if keep_last else []:
+    for _, path in complete(out)[:-keep_last] if keep_last else []:
         if os.path.exists(path + ".partial"):               # a killed save of that step, long superseded
             shutil.rmtree(path + ".partial")
         os.rename(path, path + ".partial")
@@ -238,9 +233,8 @@ def load(path, policy, optimizer, teacher):
     if teacher is not None:
         set_model_state_dict(teacher, state["teacher"])
     trainer = read_trainer_state(path)
-    rng_file = os.path.join(path, f"rng_rank{rank}.pt")
     if trainer["world_size"] == world_size:
-        rng = torch.load(rng_file, weights_only=True)
+        rng = torch.load(os.path.join(path, f"rng_rank{rank}.pt"), weights_only=True)
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"])
@@ -285,9 +279,8 @@ def mark_model_folder(folder, preset):
 
 
 def model_folder_for_all_ranks(model):
-    """The local folder of --model: a folder as given, or a Hugging Face id (`org/name`) from the hub's cache,
-    downloaded by each node's first rank (a collective once the process group is up). Raises MissingInput, with what to
-    do, for a path naming no folder, a folder without config.json, or an id neither cached nor downloadable."""
+    """The local folder of --model: a folder as given, or a Hugging Face id (`org/name`) from the hub cache, downloaded
+    by each node's first rank (a collective once the process group is up); else MissingInput, saying what to do."""
     path = os.path.expanduser(model)
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
@@ -301,10 +294,9 @@ def model_folder_for_all_ranks(model):
                            f"Give a model folder, or a Hugging Face id such as Qwen/Qwen3-4B-Base. Nothing was run")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
-    first_on_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
     failed = None
     try:
-        if first_on_node:
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:                   # the node's first rank
             try:
                 snapshot_download(model, local_files_only=True)       # cached: no network needed
             except LocalEntryNotFoundError:
@@ -317,23 +309,20 @@ def model_folder_for_all_ranks(model):
         dist.all_gather_object(outcomes, None if failed is None else f"{type(failed).__name__}: {failed}")
         failed = next((o for o in outcomes if o is not None), None)
     if failed is not None:
-        raise MissingInput(
-            f"--model {model} is no folder here, and as a Hugging Face id it is neither in the cache "
-            f"(HF_HUB_CACHE, ~/.cache/huggingface/hub) nor could it be downloaded "
-            f"({str(failed).splitlines()[0][:200]}). "
-            f"Download it where there is a network (hf download {model}) and use that cache, or give "
-            f"the model's folder. Nothing was run") from None
+        raise MissingInput(f"--model {model} is no folder here, and as a Hugging Face id it is neither in the cache "
+                           f"(HF_HUB_CACHE, ~/.cache/huggingface/hub) nor could it be downloaded "
+                           f"({str(failed).splitlines()[0][:200]}). Download it where there is a network (hf download "
+                           f"{model}) and use that cache, or give the model's folder. Nothing was run") from None
     return snapshot_download(model, local_files_only=True)
 
 
-def disk_bytes(models, args):
-    """(one checkpoint's bytes, the most the run's folder holds at once): the run summary's disk account, with DCP's
-    record of each tensor (its header and index entry, 2 KiB: 0.4 MB of the classroom's 12.2 MB)."""
-    tensors = sum(len(list(m.named_parameters(remove_duplicate=False))) for m in (models.policy, models.teacher)
-                  if m is not None) + 3 * len(list(models.policy.parameters()))      # AdamW: step and two moments
-    one = checkpoint_bytes(models.policy, models.teacher) + 2048 * tensors
+def disk_bytes(trained, args):
+    """(one checkpoint's bytes, the most the run's folder holds at once), with DCP's 2 KiB record of each tensor."""
+    tensors = sum(len(list(m.named_parameters(remove_duplicate=False))) for m in (trained.policy, trained.teacher)
+                  if m is not None) + 3 * len(list(trained.policy.parameters()))      # AdamW: step and two moments
+    one = checkpoint_bytes(trained.policy, trained.teacher) + 2048 * tensors
     saves = -(-args.steps // args.save_every) if args.save_every else 0
-    return one, run_disk_bytes(one, final_model_bytes(models.policy), args.keep_last, saves)
+    return one, run_disk_bytes(one, final_model_bytes(trained.policy), args.keep_last, saves)
 
 
 def size(n):
@@ -370,19 +359,19 @@ def stop_cleanly_if_the_disk_fills(out, need, what, partial, rank):
         raise OutOfDisk(out_of_disk(out, need, what)) from None
 
 
-def save_checkpoint(args, configuration, step, models, questions, wandb_id, fingerprints, tokenizer, rank,
+def save_checkpoint(args, configuration, step, trained, questions, wandb_id, fingerprints, tokenizer, rank,
                     first_gaps=()):
-    """`save` of all the loop needs to go on exactly, once the disk has room (the newest checkpoint's size)."""
-    trainer_state = {"scheduler": models.scheduler.state_dict(), **questions.state(), "wandb_id": wandb_id,
+    """`save` of all the loop needs to go on exactly (`trained`: a Trained; `questions`: a data.Questions), once the
+    disk has room (the newest checkpoint's size)."""
+    trainer_state = {"scheduler": trained.scheduler.state_dict(), **questions.state(), "wandb_id": wandb_id,
                      "fingerprints": fingerprints, "sampler_gap_first": list(first_gaps)}
     newest = latest(args.out)
-    need = folder_bytes(newest) if newest else checkpoint_bytes(models.policy, models.teacher)
+    need = folder_bytes(newest) if newest else checkpoint_bytes(trained.policy, trained.teacher)
     check_room_on_all_ranks(args.out, need, "a checkpoint", rank)
     t0 = time.perf_counter()
-    with stop_cleanly_if_the_disk_fills(args.out, need, "a checkpoint", step_dir(args.out, step) +
-                                        ".partial", rank):
-        path = save(args.out, step, models.policy, models.optimizer, models.teacher, trainer_state,
-                               configuration, tokenizer, args.keep_last)
+    with stop_cleanly_if_the_disk_fills(args.out, need, "a checkpoint", step_dir(args.out, step) + ".partial", rank):
+        path = save(args.out, step, trained.policy, trained.optimizer, trained.teacher, trainer_state, configuration,
+                    tokenizer, args.keep_last)
     if rank == 0:
         tqdm.write(f"saved {path} ({time.perf_counter() - t0:.1f} s)")
 
@@ -390,8 +379,7 @@ def save_checkpoint(args, configuration, step, models, questions, wandb_id, fing
 def save_final(policy, model_dir, tokenizer, out, rank, preset):
     """Collective: the fp32 policy in OUT/final, gathered to rank 0's CPU only, published atomically with RUN_MARK."""
     from transformers import AutoModelForCausalLM
-    final = os.path.join(out, "final")
-    need = final_model_bytes(policy)
+    final, need = os.path.join(out, "final"), final_model_bytes(policy)
     check_room_on_all_ranks(out, need, "the final model", rank)
     weights = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
@@ -408,7 +396,6 @@ def save_final(policy, model_dir, tokenizer, out, rank, preset):
 
 
 if __name__ == "__main__":
-    # python -m harness.checkpoint OUT/checkpoints/step_S MODEL_DIR: the checkpoint's policy as a model folder
     import argparse
     ap = argparse.ArgumentParser(description="Write a training checkpoint's policy as a Hugging Face model folder "
                                              "(transformers, vLLM, eval.py and train.py --model load it).")

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
+import torch
+
 from harness.answers import extract_answer
 from harness.errors import InputError, MissingInput
 
@@ -31,14 +33,10 @@ QUESTION_COLUMNS = ("question", "problem", "prompt")
 REPHRASING_COLUMNS = ("rephrased_question", "rephrased")
 ANSWER_COLUMNS = ("answer", "solution", "ground_truth")
 BENCHMARKS = {   # name: (file, the field holding the question; None for verl's format)
-    "math500": ("eval/math500.json", "prompt"),
-    "gsm8k": ("eval/gsm8k_test.jsonl", "question"),
-    "amc": ("eval/amc.json", "prompt"),
-    "amc23": ("eval/amc23.jsonl", "problem"),
-    "aime24": ("eval/aime24.json", "prompt"),
-    "aime25": ("eval/aime25.json", "prompt"),
-    "math5000": ("eval/math_test5000.parquet", None),
-}
+    "math500": ("eval/math500.json", "prompt"), "gsm8k": ("eval/gsm8k_test.jsonl", "question"),
+    "amc": ("eval/amc.json", "prompt"), "amc23": ("eval/amc23.jsonl", "problem"),
+    "aime24": ("eval/aime24.json", "prompt"), "aime25": ("eval/aime25.json", "prompt"),
+    "math5000": ("eval/math_test5000.parquet", None)}
 
 
 @dataclass(frozen=True)
@@ -53,9 +51,8 @@ class Problem:
     question: str
     answer: str
 
+
 # ------------------------------------------------------------------------- fields
-
-
 def question_text(value, where):
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"{where}: the question must be a non-empty string, got {value!r:.80}")
@@ -73,10 +70,9 @@ def answer_text(value, where):
     one without a box, of over WORKED_SOLUTION_WORDS words, is refused: it would be compared whole with every answer."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = str(int(value))
-    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-        value = str(int(value)) if float(value).is_integer() else format(Decimal(repr(float(value))), "f")
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        whole = isinstance(value, numbers.Integral) or float(value).is_integer()
+        value = str(int(value)) if whole else format(Decimal(repr(float(value))), "f")
     if not isinstance(value, str):
         raise InputError(f"{where}: the gold answer must be text or a number, got {value!r:.80}")
     value = value.strip()
@@ -101,26 +97,21 @@ def gsm8k_answer(solution, where):
     return answer_text(match.group(1).replace(",", ""), where)
 
 
-def verl_question(prompt, where):
-    """The user message of a verl `prompt` ([system, user] messages)."""
+def verl_row(prompt, reward_model, where):
+    """(question, gold answer) of a verl row: the user message of its `prompt` ([system, user]), its ground truth."""
     users = [m.get("content") for m in (prompt if prompt is not None else [])
              if isinstance(m, dict) and m.get("role") == "user"]
     if not users:
         raise InputError(f"{where}: `prompt` has no user message: {prompt!r:.120}")
-    return question_text(users[-1], where)
-
-
-def verl_answer(reward_model, where):
+    question = question_text(users[-1], where)
     if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
         raise InputError(f"{where}: missing ground truth: `reward_model` has no 'ground_truth': {reward_model!r:.80}")
-    return answer_text(reward_model["ground_truth"], where)
+    return question, answer_text(reward_model["ground_truth"], where)
+
 
 # ------------------------------------------------------------------ training data
-
-
 def load_training(source, views):
-    """(pairs, test_time_training) for `--data source`: a benchmark, a PAIR_COLUMNS parquet (pairs_from_frame), another
-    parquet, JSON or JSONL file (rows_of_a_file), else load_pairs. `views` 'both' needs pairs, not plain questions."""
+    """(pairs, test_time_training) for `--data source`; `views` 'both' needs pairs, not plain questions."""
     test_time = source in BENCHMARKS
     if test_time:
         pairs = [Pair(p.question, None, p.answer) for p in load_benchmark(source)]
@@ -151,8 +142,7 @@ def json_records(path):
 
 
 def rows_of_a_file(path, records):
-    """Pairs (with a rephrasing column, REPHRASING_COLUMNS) or plain questions from the rows of a parquet, JSON or JSONL
-    file, by its first row's columns: QUESTION_COLUMNS (for pairs original_question first) and ANSWER_COLUMNS."""
+    """Pairs (given a REPHRASING_COLUMNS column) or plain questions from a file's rows, by its first row's columns."""
     if not isinstance(records, list) or not records:
         raise InputError(f"{path}: expected a non-empty list of rows")
     columns = set(records[0]) if isinstance(records[0], dict) else set()
@@ -161,10 +151,9 @@ def rows_of_a_file(path, records):
                     None)
     answer = next((c for c in ANSWER_COLUMNS if c in columns), None)
     if question is None or answer is None:
-        kind = "a pair file" if rephrasing else "a question set"
-        raise InputError(f"{path}: {kind} needs a question column (one of {list(QUESTION_COLUMNS)}"
-                         f"{', or original_question' if rephrasing else ''}) and an answer column (one of "
-                         f"{list(ANSWER_COLUMNS)}); its columns are {sorted(columns)}")
+        raise InputError(f"{path}: {'a pair file' if rephrasing else 'a question set'} needs a question column (one "
+                         f"of {list(QUESTION_COLUMNS)}{', or original_question' if rephrasing else ''}) and an answer "
+                         f"column (one of {list(ANSWER_COLUMNS)}); its columns are {sorted(columns)}")
     def read(record, where):
         if not isinstance(record, dict):
             raise InputError(f"{where}: expected an object with {question!r} and {answer!r}, got {record!r:.80}")
@@ -177,8 +166,7 @@ def rows_of_a_file(path, records):
 def load_pairs(source):
     """Pairs from a shipped name, `ORIGINALS.parquet,REPHRASINGS.parquet`, or a PAIR_COLUMNS parquet or hub id."""
     if source in SHIPPED_VERL_PAIRS:
-        original, rephrased = (os.path.join(DATA_DIR, f) for f in SHIPPED_VERL_PAIRS[source])
-        return verl_pairs(original, rephrased)
+        return verl_pairs(*(os.path.join(DATA_DIR, f) for f in SHIPPED_VERL_PAIRS[source]))
     if "," in source:                                     # ORIGINALS.parquet,REPHRASINGS.parquet
         files = source.split(",")
         if len(files) != 2 or not all(f.endswith(".parquet") for f in files):
@@ -253,8 +241,8 @@ def verl_pairs(original_path, rephrased_path):
                          f"{lacks} the index of its question, or drop the index from {has} to join the files by row")
     if o_index is None:
         if len(original) != len(rephrased):
-            longer, row = (original_path, "rephrasing") if len(original) > len(rephrased) else (rephrased_path,
-                                                                                                  "original")
+            longer, row = (original_path, "rephrasing") if len(original) > len(rephrased) else \
+                (rephrased_path, "original")
             raise InputError(f"misaligned pair files: {original_path} has {len(original)} rows, {rephrased_path} has "
                              f"{len(rephrased)}: row {min(len(original), len(rephrased))} of {longer} has no {row}; "
                              f"neither file carries extra_info.index, so they are joined by row: give every original "
@@ -309,7 +297,7 @@ def verl_rows(path, frame=None):
         raise InputError(f"{path}: missing column(s) {missing}; a verl file needs 'prompt' and 'reward_model'")
     if not len(frame):
         raise InputError(f"{path}: no rows in the file")
-    return [(verl_question(p, f"{path}: row {i}"), verl_answer(r, f"{path}: row {i}"))
+    return [verl_row(p, r, f"{path}: row {i}")
             for i, (p, r) in enumerate(zip(frame["prompt"].tolist(), frame["reward_model"].tolist()))]
 
 
@@ -331,9 +319,8 @@ def verl_index(frame, path):
 
 def index_key(key, where):
     """An extra_info.index as an int (a numpy or whole float one too) or a non-empty string."""
-    if isinstance(key, numbers.Integral) and not isinstance(key, bool):
-        return int(key)
-    if isinstance(key, numbers.Real) and not isinstance(key, bool) and float(key).is_integer():
+    if isinstance(key, numbers.Real) and not isinstance(key, bool) and \
+            (isinstance(key, numbers.Integral) or float(key).is_integer()):
         return int(key)
     if isinstance(key, str) and key.strip():
         return key
@@ -359,19 +346,15 @@ def mismatch_rephrasings(pairs, share, seed):
     """(pairs, a line for run.log): the control of --rephrase_noise. round(share x N) of the N pairs (at least 2),
     drawn with `seed`, each take the next drawn one's rephrasing (the last the first's), keeping original and answer."""
     import hashlib
-    import torch
     count = max(2, round(share * len(pairs))) if share else 0           # one pair alone has no other to swap with
-    # own stream: randperm seeded by `seed` is the run's question order (train.Questions), which would start with these
+    # own stream: randperm seeded by `seed` is the run's question order (Questions), which would start with these
     stream = int.from_bytes(hashlib.blake2b(f"{seed}/rephrase_noise".encode(), digest_size=8).digest(), "little")
     drawn = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(stream))[:count].tolist()
-    pairs = list(pairs)
-    rephrasings = [pairs[i].rephrased for i in drawn]
-    same_answer = 0
-    for place, i in enumerate(drawn):
-        other = drawn[(place + 1) % len(drawn)]
-        same_answer += pairs[other].answer == pairs[i].answer
-        pairs[i] = Pair(pairs[i].original, rephrasings[(place + 1) % len(drawn)], pairs[i].answer)
-    return pairs, (f"--rephrase_noise {share}: {len(drawn)} of the {len(pairs)} training pairs carry another "
+    swaps, mixed = list(zip(drawn, drawn[1:] + drawn[:1])), list(pairs)      # (a drawn pair, the next drawn one)
+    for i, j in swaps:
+        mixed[i] = Pair(pairs[i].original, pairs[j].rephrased, pairs[i].answer)
+    same_answer = sum(pairs[i].answer == pairs[j].answer for i, j in swaps)
+    return mixed, (f"--rephrase_noise {share}: {len(drawn)} of the {len(pairs)} training pairs carry another "
                    f"question's rephrasing (drawn with seed {seed}, fixed for the run); {same_answer} of those have "
                    f"the same gold answer as the question they replace")
 
@@ -380,20 +363,16 @@ def classroom_pairs(split):
     from harness import world
     return [Pair(p.original, p.rephrased, p.answer) for p in world.make_split(split)]
 
+
 # ---------------------------------------------------------------------- benchmarks
-
-
 def load_benchmark(name, limit=None):
     """The first `limit` (default: all) problems of a shipped benchmark, as `Problem`s."""
     if name not in BENCHMARKS:
         raise InputError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
     file, field = BENCHMARKS[name]
     path = os.path.join(DATA_DIR, file)
-    if field is None:
-        rows = verl_rows(path)[:limit]
-    else:
-        records = json_records(path)
-        rows = [benchmark_row(r, field, name == "gsm8k", f"{path}: row {i}") for i, r in enumerate(records[:limit])]
+    rows = verl_rows(path)[:limit] if field is None else \
+        [benchmark_row(r, field, name == "gsm8k", f"{path}: row {i}") for i, r in enumerate(json_records(path)[:limit])]
     for i, (_, answer) in enumerate(rows):
         if answer is None:
             raise InputError(f"{path}: row {i}: missing ground truth: the answer is empty or absent")
@@ -403,13 +382,11 @@ def load_benchmark(name, limit=None):
 def benchmark_row(record, field, gsm8k, where):
     if not isinstance(record, dict):
         raise InputError(f"{where}: expected a JSON object, got {record!r:.80}")
-    question = question_text(record.get(field), f"{where}: {field}")
-    answer = gsm8k_answer(record.get("answer"), where) if gsm8k else answer_text(record.get("answer"), where)
-    return question, answer
+    return (question_text(record.get(field), f"{where}: {field}"),
+            (gsm8k_answer if gsm8k else answer_text)(record.get("answer"), where))
+
 
 # ------------------------------------------------------------------------- prompts
-
-
 @dataclass(frozen=True)
 class Prompt:
     """How a question is asked: a system message (None: the chat template's default) and the user's, with {question}."""
@@ -432,9 +409,8 @@ PROMPTS = {
 
 
 def prompt_encoder(tokenizer, classroom=False, prompt="official"):
-    """question -> prompt token ids in the model's format: world.format_prompt for the world's own tokenizer
-    (world.is_classroom_tokenizer; `prompt` unused), else PROMPTS[prompt] via a chat template, or without one as
-    plain text (system, blank line, user). `classroom`: the world's questions (world.plain_english for others)."""
+    """question -> prompt token ids in the model's format: world.format_prompt for the world's own tokenizer (`prompt`
+    unused), else PROMPTS[prompt] in the chat template, or as plain text without one. `classroom`: world questions."""
     from harness import world
     if prompt not in PROMPTS:
         raise InputError(f"unknown prompt {prompt!r}; choose from {', '.join(PROMPTS)}")
@@ -467,11 +443,43 @@ def unknown_token_warning(tokenizer, prompts, what):
 
 
 def drop_long(items, prompts_of, max_prompt_len, what):
-    """The items whose prompts (prompts_of(item): token ids) all fit in max_prompt_len tokens; says how many `what`
-    were dropped, and refuses a set of which none fits."""
+    """The items whose prompts (prompts_of(item): token ids) all fit in max_prompt_len; refused if none fits."""
     kept = [item for item in items if all(len(prompt) <= max_prompt_len for prompt in prompts_of(item))]
     if len(kept) < len(items):
         notice(f"dropped {len(items) - len(kept)} of {len(items)} {what} whose prompt exceeds {max_prompt_len} tokens")
     if not kept:
         raise InputError(f"all {len(items)} {what} have a prompt longer than --max_prompt_len {max_prompt_len}")
     return kept
+
+
+@dataclass
+class Questions:
+    """The training questions in the order a run takes them: P a step, a fresh shuffle each epoch. A checkpoint keeps
+    its `state`."""
+    pairs: list
+    shuffle: torch.Generator
+    order: list
+    cursor: int = 0
+
+    @classmethod
+    def shuffled(cls, pairs, seed):
+        shuffle = torch.Generator().manual_seed(seed)
+        return cls(pairs, shuffle, torch.randperm(len(pairs), generator=shuffle).tolist())
+
+    def take(self, count, rank, world_size):
+        """The next `count` questions' (indices, pairs) for this rank: its share, count / world_size. An epoch's
+        last len(pairs) % count questions, too few for a step, are left out, and the next epoch shuffles every
+        question again, as the official code's dataloader does (drop_last); the run says so at its start."""
+        if self.cursor + count > len(self.order):                          # a new epoch
+            self.order, self.cursor = torch.randperm(len(self.pairs), generator=self.shuffle).tolist(), 0
+        per_rank = count // world_size
+        indices = self.order[self.cursor + rank * per_rank: self.cursor + (rank + 1) * per_rank]
+        self.cursor += count
+        return indices, [self.pairs[i] for i in indices]
+
+    def state(self):
+        return {"order": self.order, "cursor": self.cursor, "shuffle": self.shuffle.get_state()}
+
+    def load_state(self, state):
+        self.shuffle.set_state(state["shuffle"])
+        self.order, self.cursor = state["order"], state["cursor"]

@@ -8,6 +8,7 @@
     75  STOPPED: a signal asked the run to stop, and it wrote a checkpoint first (EX_TEMPFAIL): torchrun restarts
         a worker that exits with it, a Slurm script requeues.
 """
+import math
 import os
 import sys
 import time
@@ -55,8 +56,7 @@ class WeightSyncError(GuardStop):
 
 
 class NonFiniteError(GuardStop, FloatingPointError):
-    """A loss, sampler log-prob gap or gradient norm that is NaN or infinite: the step stops before the optimizer
-    touches the weights."""
+    """A loss, sampler log-prob gap or gradient norm that is NaN or infinite, found before the optimizer steps."""
 
 
 class GroupOrderError(GuardStop):
@@ -67,15 +67,39 @@ class SamplerGapStop(GuardStop):
     """The sampler gap passed its ceiling: the engine does not run the trainer's weights."""
 
 
+def check_groups(groups, prompt_ids, ids, group_size, who):
+    """Each group holds `group_size` responses to its prompt, in the order asked: a group out of place would be
+    labelled by another question's vote (rewards.twin pairs groups by place). ids: each prompt's (question, view)."""
+    if len(groups) != len(prompt_ids):
+        raise GroupOrderError(f"{who}: the rollout engine returned {len(groups)} groups for {len(prompt_ids)} prompts")
+    for group, prompt, (index, view) in zip(groups, prompt_ids, ids):
+        if len(group) != group_size or any(list(s.prompt_ids) != list(prompt) for s in group):
+            raise GroupOrderError(
+                f"{who}: the group for question {index} ({'its rephrasing' if view else 'the original'}) holds "
+                f"{len(group)} responses, not all to its prompt, where {group_size} were asked: the rollout engine "
+                f"returned its groups out of the order of their prompts. The step stopped before any label was "
+                f"computed; the engine (rollout.py) is at fault, not the data")
+
+
+def stop_if_non_finite(nonfinite, norm, update, updates):
+    """Raise NonFiniteError, before the optimizer steps, when any rank's losses or sampler gaps (`nonfinite`, summed
+    over ranks) or the gradient norm is NaN or infinite."""
+    if nonfinite.any() or not math.isfinite(norm):
+        raise NonFiniteError(
+            f"update {update + 1} of {updates}: {int(nonfinite[0])} non-finite loss(es), {int(nonfinite[1])} "
+            f"non-finite sampler log-prob gap(s), gradient norm {norm}. The update was not applied: the weights are "
+            f"those before it. Look for NaN or infinite rewards or advantages, a rollout engine returning NaN "
+            f"log-probs (its weights), or a learning rate too high for the dtype.")
+
+
 def refuse(message):
     """Stop before anything ran: a setting that cannot work."""
     raise RefusedSetting(f"{message}; nothing was run")
 
 
 def exit_on_usage_error(main, program):
-    """Run main(); a UsageError or a GuardStop becomes one line on stderr, from the first rank only, and its status.
-    The other ranks wait (at most USAGE_ERROR_WAIT_S) for the launcher to stop them: torchrun's agent stops every
-    worker at the first one's exit, and a rank that exited before rank 0 had printed would cut its line off."""
+    """Run main(); a UsageError or a GuardStop becomes one line on stderr from the first rank, and its status. The
+    other ranks wait (at most USAGE_ERROR_WAIT_S): torchrun stops every worker at the first exit, mid-line perhaps."""
     try:
         return main()
     except (UsageError, GuardStop) as e:

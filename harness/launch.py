@@ -12,18 +12,16 @@ import torch.distributed as dist
 from harness import checkpoint
 from harness.errors import GUARD_STOP, STOPPED, USAGE
 
-# After passing a stop signal on, how long the launcher waits for its ranks to finish their step and save before it
-# kills them: the longest seed step (4.4 minutes, GPUS.md), its evaluation and its save; GPUS.md's sbatch script
-# gives torchrun the same, within its 900 s signal lead. torchrun's own default, 30 s, loses a GPU node's step.
+# How long the launcher, after passing a stop signal on, waits for its ranks to finish their step and save: the longest
+# seed step (4.4 minutes, GPUS.md), its evaluation and its save, as GPUS.md's sbatch script gives torchrun.
 SHUTDOWN_WAIT_S = 840
 
 
 def launch_ranks(ranks, program, argv, max_restarts=0, out=None):
     """Start `ranks` processes of `program argv` under torchrun's agent, in this process, and exit with the first failed
-    rank's status. A rank reports its own failure: a usage error or a stop in one line (its status passed on), anything
-    else as its traceback, then a line naming the rank. Signals reach the ranks as under torchrun (StopSignals); this
-    process then exits with 128 + the signal. With `max_restarts`, torchrun restarts the ranks after a failure, each
-    resuming from the newest checkpoint (`as_an_attempt`); once spent, a line says how to resume by hand."""
+    rank's status (a usage error or a stop passed on; anything else as 1, after a line naming the rank). On a signal
+    this process exits with 128 + the signal. With `max_restarts`, torchrun restarts the ranks after a failure, each
+    resuming from the newest checkpoint; once spent, a line says how to resume by hand."""
     import logging
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -58,17 +56,13 @@ class StopSignals:
     end (`agreed_over_ranks`: one rank's signal stops all), write a checkpoint and exit cleanly. A second signal stops
     the process at once, without either: rank 0 names the newest complete checkpoint and how to continue, and the
     process exits with 128 + the signal (130 for Ctrl-C). Under a launcher (--ranks, torchrun) Ctrl-C reaches the
-    launcher alone (the workers have sessions of their own): its agent passes the first signal on, and at a second sends
-    every worker SIGTERM. A torchrun worker also stops as on SIGTERM once its launcher is gone (even killed by SIGKILL).
+    launcher alone, which passes the first signal on and at a second sends every worker SIGTERM. A torchrun worker
+    also stops as on SIGTERM once its launcher is gone.
 
-    Why a watcher thread and os._exit: a Python signal handler runs in the main thread between bytecodes, so a rank
-    blocked in a C call (a collective whose peer is gone, vLLM's forward) might never run it, and two signals meanwhile
-    count as one. So the Python handlers do nothing; the C handler also writes each signal to a pipe
-    (signal.set_wakeup_fd), which a watcher thread reads, holding the GIL only briefly (torch's operators, gloo and I/O
-    release it), to call os._exit at the second. An exception would wait for the C call, then run `finally` blocks and
-    atexit hooks that wait for collectives, the engine and helpers. What os._exit cuts short is safe: a checkpoint being
-    written or pruned stays .partial (harness/checkpoint.py); metrics.jsonl loses at most the current step's line, which
-    a resume drops (runfolder.MetricsLog.truncate); answers.py's helper ends with its parent."""
+    Why a watcher thread and os._exit: a Python signal handler runs in the main thread between bytecodes, which a rank
+    blocked in a C call (a collective whose peer is gone, vLLM's forward) might never reach. So a watcher thread reads
+    each signal from the C handler's pipe (signal.set_wakeup_fd) and calls os._exit at the second. What it cuts short
+    is safe: a checkpoint being written stays .partial, metrics.jsonl's half-written line is dropped on resume."""
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, out, rank):
@@ -106,8 +100,7 @@ class StopSignals:
             kept = f"the newest complete checkpoint, {newest}, is kept: continue with: python train.py --out " \
                    f"{self.out} --resume{f' --ranks {world}' if world > 1 else ''}" if newest else \
                 "there is no complete checkpoint yet: start the run again (with --overwrite)"
-            print(f"received {stop.name}, a second stop signal: stopped at once; {kept}",
-                  flush=True)
+            print(f"received {stop.name}, a second stop signal: stopped at once; {kept}", flush=True)
             sys.stderr.flush()
         os._exit(128 + stop)
 

@@ -4,14 +4,10 @@ The definition, for input_ids [B, T] and the sampling temperature T_s:
 
     log π(token_{t+1} | tokens ≤ t) = log_softmax(logits_t / T_s)[token_{t+1}]
 
-`naive_logprobs` computes it as written. Only the tests call it, holding the chunked path to it (1e-5, values and
-gradients): its vocabulary-sized fp32 tensors for every position take 4.4 GB each at V = 151,936 and 2 x 3,584 tokens,
-and autograd keeps several.
-
-The chunked path (`ChunkedLogprobs`) runs the output layer over LOGIT_CHUNK of the positions that predict a response
-token at a time. The forward keeps hidden [n, H] and one logsumexp per token, the backward recomputes each chunk's
-logits: one [chunk, V] fp32 block is alive at a time, whatever the sequence length. `token_logprobs` gives the loss its
-log-probs (and entropies); `token_values`, any function of each position's log-prob vector (the answer-free rewards).
+`naive_logprobs` computes it as written, for the tests (its fp32 [B, T-1, V] tensors take 4.4 GB each at
+V = 151,936 and 2 x 3,584 tokens). The chunked path (`ChunkedLogprobs`) runs the output layer over LOGIT_CHUNK of the
+positions that predict a response token at a time; the forward keeps hidden [n, H] and one logsumexp per token, the
+backward recomputes each chunk's logits: one [chunk, V] fp32 block is alive at a time, whatever the sequence length.
 """
 import warnings
 
@@ -20,8 +16,7 @@ import torch
 
 def naive_vocab_logprobs(model, input_ids, temperature):
     """log π(v | tokens ≤ t) for every position t < T-1 and every token v: [B, T-1, V]."""
-    logits = model(input_ids=input_ids).logits[:, :-1].float() / temperature
-    return logits.log_softmax(-1)
+    return (model(input_ids=input_ids).logits[:, :-1].float() / temperature).log_softmax(-1)
 
 
 def naive_logprobs(model, input_ids, temperature):
@@ -34,8 +29,7 @@ LOGIT_CHUNK = 1024      # tokens per pass through the output layer: 1024 x 151,9
 
 def response_hidden(model, input_ids, mask):
     """Where `mask` [B, T-1] marks a position that predicts a response token: (hidden [n, H], the predicted tokens [n],
-    the output layer's weight [V, H]). Raises ValueError unless the last position's logits equal hidden @ weight.T: a
-    soft-capped or scaled head would get wrong log-probs."""
+    the output layer's weight [V, H]). Raises ValueError unless the last position's logits equal hidden @ weight.T."""
     # FSDP warns that the first hidden state (the embeddings) is a view; none is written to
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -46,8 +40,7 @@ def response_hidden(model, input_ids, mask):
         mine = (hidden[:, -1] @ weight.T).float()
         if not torch.allclose(mine, out.logits[:, -1].float(), rtol=1e-2, atol=1e-2 * mine.abs().max().item()):
             raise ValueError(f"{type(model).__name__}'s logits are not its last hidden state times its output "
-                             f"layer's weight (a soft cap or a logit scale?): the chunked log-probs of logprobs.py "
-                             f"would be wrong for it")
+                             f"layer's weight (a soft cap or a logit scale?): its chunked log-probs would be wrong")
     keep = mask.bool()
     return hidden[:, :-1][keep], input_ids[:, 1:][keep], weight
 
@@ -102,20 +95,17 @@ class ChunkedLogprobs(torch.autograd.Function):
 
 
 def token_logprobs(model, input_ids, mask, temperature, entropy=False, entropy_grad=False):
-    """log π(token_{t+1} | tokens ≤ t) at the sampling temperature where `mask` [B, T-1] is 1, 0 elsewhere:
-    logp [B, T-1]; with `entropy`, also each distribution's entropy [B, T-1] (with a gradient when `entropy_grad`: the
-    loss's entropy bonus), else None. input_ids [B, T], right-padded (causal attention needs no mask then)."""
+    """(logp: log π(token_{t+1} | tokens ≤ t) where `mask` [B, T-1] is 1, else 0; with `entropy`, each distribution's
+    entropy, with a gradient when `entropy_grad`, else None), each [B, T-1]. input_ids [B, T], right-padded."""
     hidden, targets, weight = response_hidden(model, input_ids, mask)
     logp, ent = ChunkedLogprobs.apply(hidden, weight, targets, temperature, entropy or entropy_grad, entropy_grad)
-    keep = mask.bool()
-    scatter = lambda v: torch.zeros(mask.shape, dtype=v.dtype, device=v.device).masked_scatter(keep, v)
+    scatter = lambda v: torch.zeros(mask.shape, dtype=v.dtype, device=v.device).masked_scatter(mask.bool(), v)
     return scatter(logp), scatter(ent) if entropy else None
 
 
 @torch.no_grad()
 def token_values(model, input_ids, mask, temperature, fn):
-    """fn(log-probs over the vocabulary [c, V]) -> [c] at each position `mask` [B, T-1] marks, chunk
-    by chunk: [B, T-1], 0 elsewhere (the answer-free rewards' per-token terms)."""
+    """fn(log-probs over the vocabulary [c, V]) -> [c] at each position `mask` [B, T-1] marks: [B, T-1], 0 elsewhere."""
     hidden, _, weight = response_hidden(model, input_ids, mask)
     out = torch.empty(len(hidden), dtype=torch.float32, device=hidden.device)
     for rows, z in _chunk_logits(hidden, weight, temperature):

@@ -4,17 +4,12 @@ One row of RECORD a metric: its name, its kind (how every rank's part comes toge
 function of what the step saw and did (`Step`). Mean(count): the parts' sum over ranks over the sum of a count
 (COUNTS; with view=v, of view v's, and left out where no rank sampled it), None where a part is None (a label-free
 method's label share) or the count is 0. Total: the sum over ranks. Gathered(then): every rank's parts, joined, then
-`then` of them. Same: rank 0's own value (the gradient norm, the same on every rank; the learning rate). Means and
-Totals go in one all-reduce of float64. A new metric is one row, e.g. the mean of --overlong soft's penalty over the
-responses:
-
-    ("overlong_penalty", Mean("responses"), lambda s: (s.shaped - s.rewards).sum().item()),
+`then` of them. Same: rank 0's own value (the gradient norm, the same on every rank; the learning rate). A new metric
+is one row, e.g. ("overlong_penalty", Mean("responses"), lambda s: (s.shaped - s.rewards).sum().item()).
 
 The accuracies against the gold answer (rollout_acc, label_acc) count the groups that have one (`graded_groups`): a
-question without gold (harness/data.py keeps three) is in the reward and the diagnostics, not in those.
-
-Per view (the original questions, their rephrasings), as the official Co-rewarding-III logs them: the share of
-groups with a label, the label's accuracy, the mean reward, and the view's parts of the loss and its clip fraction.
+question without gold (harness/data.py keeps three) is in the reward and the diagnostics, not in those. Per view, as
+the official Co-rewarding-III logs them: the label share and accuracy, the mean reward, the loss parts, the clip share.
 """
 import dataclasses
 import functools
@@ -29,6 +24,41 @@ VIEW_NAMES = ("original", "rephrased")      # grpo.py's views 0 and 1
 
 
 @dataclasses.dataclass
+class ViewSums:
+    """One view's part of LossSums."""
+    loss_policy: float = 0.0
+    loss_kl: float = 0.0
+    loss_entropy: float = 0.0
+    clipped: float = 0.0
+    tokens: float = 0.0
+
+
+@dataclasses.dataclass
+class LossSums:
+    """What grpo.train_step sums over a step's micro-batches on this rank, and the record reads (the contract between
+    the two): token sums, and the loss and its parts as this rank's share of each update's loss (each view's in
+    views[v]), the step's optimizer updates and the largest gradient norm before clipping."""
+    updates: int
+    grad_norm: float = 0.0
+    tokens: float = 0.0
+    loss_sum: float = 0.0
+    kl_sum: float = 0.0
+    entropy_sum: float = 0.0
+    sampler_gap_sum: float = 0.0
+    sampler_ratio_sum: float = 0.0
+    sampler_capped_sum: float = 0.0
+    clipped_low_sum: float = 0.0
+    clipped_high_sum: float = 0.0
+    views: list = dataclasses.field(default_factory=lambda: [ViewSums() for _ in VIEW_NAMES])
+
+
+def add(sums, **parts):
+    """sums.NAME += the sum of tensor `parts[NAME]`, for each name."""
+    for name, value in parts.items():
+        setattr(sums, name, getattr(sums, name) + value.sum().item())
+
+
+@dataclasses.dataclass
 class Step:
     """What this rank's step saw and did: the record's rows are functions of it."""
     step: int
@@ -39,7 +69,8 @@ class Step:
     rewards: torch.Tensor     # [groups, G] the method's rewards
     shaped: torch.Tensor      # [groups, G] the rewards the advantages came from (--overlong soft shapes them)
     keep: torch.Tensor        # [groups] bool: kept by the group filter
-    stats: dict               # grpo.train_step's sums; stats["views"][v] those of view v
+    flat: torch.Tensor        # [groups] bool: the group's rewards are all equal (grpo.zero_variance)
+    stats: LossSums           # grpo.train_step's sums
     view: list                # [groups] each group's view (0, 1)
     lr: float
     alpha: float | None       # the teacher's EMA weight (teacher methods)
@@ -52,29 +83,20 @@ class Step:
     @functools.cached_property
     def diagnostics(self):
         """What a run without labels can see of its groups, computed once a step (`group_diagnostics`)."""
-        return group_diagnostics(self.answers, self.rewards)
+        return group_diagnostics(self.answers)
 
 
-def group_diagnostics(answers, rewards):
-    """What a run without labels can see of its groups, summed over the groups given (the record sums over ranks and
-    divides by the number of groups):
-      unanimous:      groups whose every response answered, all with one answer;
-      distinct:       distinct answers (classes of equal answers; no answer is not one), summed;
-      zero_variance:  groups whose rewards are all equal: zero advantages, no learning signal.
-    answers: [groups][G] extracted answers (None: no answer); rewards: [groups, G]."""
+def group_diagnostics(answers):
+    """What a run without labels can see of its groups (answers: [groups][G], None: no answer), summed over them:
+    unanimous, the groups whose every response answered, all with one answer; distinct, the classes of equal answers."""
     classes = [answer_classes(group) for group in answers]
-    return {
-        "unanimous": sum(len(c) == 1 and len(c[0]) == len(group) for c, group in zip(classes, answers)),
-        "distinct": sum(len(c) for c in classes),
-        "zero_variance": int((rewards == rewards[:, :1]).all(-1).sum()),
-    }
+    return {"unanimous": sum(len(c) == 1 and len(c[0]) == len(group) for c, group in zip(classes, answers)),
+            "distinct": sum(len(c) for c in classes)}
 
 
 def common_answer_share(votes):
-    """The share of groups whose majority answer is the most common one among them: a policy that gives one answer
-    whatever the question (a reward hack of every vote-based reward) drives it up, while on distinct questions it
-    stays small. votes: each group's majority answer (None: the group answered nothing; counted in the denominator,
-    never as the common answer)."""
+    """The share of groups whose majority answer (`votes`; None: no answer, never the common one) is the most common
+    among them: one answer whatever the question (a reward hack of every vote-based reward) drives it up."""
     if not votes:
         return 0.0
     return max((len(c) for c in answer_classes(votes)), default=0) / len(votes)
@@ -107,14 +129,14 @@ COUNTS = {
     "groups":           lambda s: len(s.groups),
     "graded_responses": lambda s: sum(len(grp) for grp, g in zip(s.answers, s.gold) if g is not None),
     "graded_groups":    lambda s: sum(g is not None for g in s.gold),             # those with a gold answer
-    "tokens":           lambda s: s.stats["tokens"],
-    "updates":          lambda s: s.stats["updates"],        # optimizer updates x ranks: the loss is their mean
+    "tokens":           lambda s: s.stats.tokens,
+    "updates":          lambda s: s.stats.updates,        # optimizer updates x ranks: the loss is their mean
 }
 VIEW_COUNTS = {
     "groups":           lambda s, v: s.view.count(v),
     "graded_groups":    lambda s, v: sum(g is not None for g in s.of_view(v, s.gold)),
     "responses":        lambda s, v: s.view.count(v) * s.rewards.shape[1],
-    "tokens":           lambda s, v: s.stats["views"][v]["tokens"],
+    "tokens":           lambda s, v: s.stats.views[v].tokens,
 }
 
 
@@ -136,11 +158,6 @@ def label_correct(s, v=None):
     return float(sum(is_equiv(label, g) for label, g in pairs))
 
 
-def view_stat(name):
-    """A row's part: the sum over both views of the step's stats[name] (the views' parts of the loss add up to it)."""
-    return lambda s: sum(view[name] for view in s.stats["views"])
-
-
 #  metric               kind                  this rank's part
 RECORD = [
     ("responses",         Total(),              lambda s: s.rewards.numel()),
@@ -151,34 +168,34 @@ RECORD = [
     # label-free: what a run without labels can watch (watches.CollapseWatch)
     ("unanimous",         Mean("groups"),       lambda s: s.diagnostics["unanimous"]),
     ("distinct_answers",  Mean("groups"),       lambda s: s.diagnostics["distinct"]),
-    ("zero_variance",     Mean("groups"),       lambda s: s.diagnostics["zero_variance"]),
+    ("zero_variance",     Mean("groups"),       lambda s: int(s.flat.sum())),
     ("groups_dropped",    Mean("groups"),       lambda s: int((~s.keep).sum())),
     ("common_answer",     Gathered(common_answer_share), lambda s: [majority_vote(grp) for grp in s.answers]),
     ("truncated",         Mean("responses"),    lambda s: sum(not x.finished for grp in s.groups for x in grp)),
-    ("kl",                Mean("tokens"),       lambda s: s.stats["kl_sum"]),
-    ("entropy",           Mean("tokens"),       lambda s: s.stats["entropy_sum"]),
-    ("response_len",      Mean("responses"),    lambda s: s.stats["tokens"]),
-    ("clip_frac",         Mean("tokens"),       lambda s: s.stats["clipped_low_sum"] + s.stats["clipped_high_sum"]),
-    ("grad_norm",         Same(),               lambda s: s.stats["grad_norm"]),
+    ("kl",                Mean("tokens"),       lambda s: s.stats.kl_sum),
+    ("entropy",           Mean("tokens"),       lambda s: s.stats.entropy_sum),
+    ("response_len",      Mean("responses"),    lambda s: s.stats.tokens),
+    ("clip_frac",         Mean("tokens"),       lambda s: s.stats.clipped_low_sum + s.stats.clipped_high_sum),
+    ("grad_norm",         Same(),               lambda s: s.stats.grad_norm),
     ("lr",                Same(),               lambda s: s.lr),
-    ("sampler_gap",       Mean("tokens"),       lambda s: s.stats["sampler_gap_sum"]),
-    ("sampler_ratio",     Mean("tokens"),       lambda s: s.stats["sampler_ratio_sum"]),
-    ("sampler_capped",    Mean("tokens"),       lambda s: s.stats["sampler_capped_sum"]),
+    ("sampler_gap",       Mean("tokens"),       lambda s: s.stats.sampler_gap_sum),
+    ("sampler_ratio",     Mean("tokens"),       lambda s: s.stats.sampler_ratio_sum),
+    ("sampler_capped",    Mean("tokens"),       lambda s: s.stats.sampler_capped_sum),
     # the loss (the mean over the step's updates) and its parts as they enter it: policy + kl + entropy = loss
-    ("loss",              Mean("updates"),      lambda s: s.stats["loss_sum"]),
-    ("loss_policy",       Mean("updates"),      view_stat("loss_policy")),
-    ("loss_kl",           Mean("updates"),      view_stat("loss_kl")),
-    ("loss_entropy",      Mean("updates"),      view_stat("loss_entropy")),
-    ("clip_frac_low",     Mean("tokens"),       lambda s: s.stats["clipped_low_sum"]),
-    ("clip_frac_high",    Mean("tokens"),       lambda s: s.stats["clipped_high_sum"]),
+    ("loss",              Mean("updates"),      lambda s: s.stats.loss_sum),
+    ("loss_policy",       Mean("updates"),      lambda s: sum(v.loss_policy for v in s.stats.views)),
+    ("loss_kl",           Mean("updates"),      lambda s: sum(v.loss_kl for v in s.stats.views)),
+    ("loss_entropy",      Mean("updates"),      lambda s: sum(v.loss_entropy for v in s.stats.views)),
+    ("clip_frac_low",     Mean("tokens"),       lambda s: s.stats.clipped_low_sum),
+    ("clip_frac_high",    Mean("tokens"),       lambda s: s.stats.clipped_high_sum),
     ("overlong_penalty",  Mean("responses"),    lambda s: (s.shaped - s.rewards).sum().item()),
     *[row for v, name in enumerate(VIEW_NAMES) for row in [
         (f"{name}/label_share",  Mean("groups", v),    lambda s, v=v: labelled(s, v)),
         (f"{name}/label_acc",    Mean("graded_groups", v), lambda s, v=v: label_correct(s, v)),
         (f"{name}/reward",       Mean("responses", v), lambda s, v=v: sum(map(sum, s.of_view(v, s.rewards.tolist())))),
-        (f"{name}/loss_policy",  Mean("updates"),      lambda s, v=v: s.stats["views"][v]["loss_policy"]),
-        (f"{name}/loss_kl",      Mean("updates"),      lambda s, v=v: s.stats["views"][v]["loss_kl"]),
-        (f"{name}/clip_frac",    Mean("tokens", v),    lambda s, v=v: s.stats["views"][v]["clipped"]),
+        (f"{name}/loss_policy",  Mean("updates"),      lambda s, v=v: s.stats.views[v].loss_policy),
+        (f"{name}/loss_kl",      Mean("updates"),      lambda s, v=v: s.stats.views[v].loss_kl),
+        (f"{name}/clip_frac",    Mean("tokens", v),    lambda s, v=v: s.stats.views[v].clipped),
     ]],
 ]
 

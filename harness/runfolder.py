@@ -26,19 +26,18 @@ except ImportError:                     # native Windows: no fcntl, and no share
 
 import torch.distributed as dist
 
-
 RUN_OUTPUTS = ("metrics.jsonl", "config.json", "final", "checkpoints", "run.log", "samples.jsonl")
 RUN_LOCK = ".run.lock"           # rank 0 holds it exclusively for the whole run; it names the holder
 WORKERS_LOCK = ".workers.lock"   # every rank holds it shared while it lives
+RUN_ID = ".run.id"               # the launcher's id of the run holding the folder, which its restarts know (resume.py)
 
 
 @contextlib.contextmanager
-def locked(out, rank):
-    """Hold --out for this run, from before anything slow until the block ends (so that a run and its resume can
-    run in one process), or until the process ends, however it ends: the kernel releases a flock with its process,
-    so a crashed run leaves a stale lock file, which is taken over. Rank 0 takes RUN_LOCK exclusively, then checks
-    that no process still holds WORKERS_LOCK (a worker of an earlier run whose launcher is gone); every rank then
-    holds WORKERS_LOCK shared. A second run on the folder is refused, naming the holder."""
+def locked(out, rank, run_id):
+    """Hold --out, from before anything slow, until the block or the process ends (the kernel releases a flock with its
+    process: a crashed run's stale lock file is taken over). Rank 0 takes RUN_LOCK exclusively and checks that no worker
+    of an earlier run still holds WORKERS_LOCK; every rank then holds WORKERS_LOCK shared. A second run on the folder is
+    refused, naming the holder. Rank 0 writes `run_id` into RUN_ID whole or not at all: restarts read it any time."""
     error, held = None, []
     if rank == 0:
         os.makedirs(out, exist_ok=True)
@@ -67,6 +66,10 @@ def locked(out, rank):
         if rank != 0:
             held = [open(os.path.join(out, WORKERS_LOCK), "a+")]
             fcntl.flock(held[0], fcntl.LOCK_SH)
+        else:
+            with open(os.path.join(out, RUN_ID + ".tmp"), "w") as f:
+                f.write(str(run_id))
+            os.replace(os.path.join(out, RUN_ID + ".tmp"), os.path.join(out, RUN_ID))
         yield
     finally:
         for f in held:                                    # closing a file gives its lock back
@@ -74,10 +77,8 @@ def locked(out, rank):
 
 
 def earlier_outputs(out, overwrite, rank):
-    """What an earlier run left in --out (RUN_OUTPUTS): refused without --overwrite, else returned for
-    `remove_outputs`. Rank 0 looks and broadcasts, so that all ranks stop or go on together."""
-    found = [name for name in RUN_OUTPUTS if os.path.exists(os.path.join(out, name))] if rank == 0 else None
-    box = [found]
+    """What an earlier run left in --out (RUN_OUTPUTS), as rank 0 found it: refused without --overwrite."""
+    box = [[name for name in RUN_OUTPUTS if os.path.exists(os.path.join(out, name))] if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     found = box[0]
     if found and not overwrite:
@@ -107,8 +108,7 @@ class NoWandb:
 
 
 def start_wandb(project, run_id, config):
-    """The wandb run `run_id` of `project`, continued if it exists (a resumed run). wandb is imported
-    only here, when --wandb is given."""
+    """The wandb run `run_id` of `project`, continued if it exists (a resumed run); wandb is imported only here."""
     try:
         import wandb
     except ImportError:
@@ -120,8 +120,7 @@ class MetricsLog:
     """Appends JSON lines on rank 0 and sends each record to wandb (`NoWandb` without --wandb); nothing on the other
     ranks. A new run starts the file afresh; a resumed one keeps the records up to its checkpoint's step."""
     def __init__(self, path, active, resume_step=None, wandb_run=None):
-        self.path, self.active, self.dropped = path, active, []
-        self.wandb = wandb_run or NoWandb()
+        self.path, self.active, self.dropped, self.wandb = path, active, [], wandb_run or NoWandb()
         if active and resume_step is None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             open(path, "w").close()
@@ -129,8 +128,7 @@ class MetricsLog:
             self.truncate(resume_step)
 
     def truncate(self, step):
-        """Drop the records after `step` (the steps a killed run logged after its checkpoint, and a
-        line it may have left half-written)."""
+        """Drop the records after `step` (logged after the checkpoint by a killed run) and a half-written last line."""
         lines = open(self.path).read().splitlines(keepends=True)
         kept = []                                           # (line, record)
         for i, line in enumerate(lines):
@@ -154,8 +152,7 @@ class MetricsLog:
 
     def learned(self, k, seconds, resumed_at=0):
         """The run's closing line: each evaluated metric (avg@k, greedy, maj@k; greedy alone at k = 0) from the first
-        evaluation metrics.jsonl holds to the last, with the change, and this process's time; None with fewer than
-        two evaluations."""
+        evaluation in metrics.jsonl to the last, and this process's time; None with fewer than two evaluations."""
         evals = [record for record in map(json.loads, open(self.path)) if "eval_greedy" in record]
         if len(evals) < 2:
             return None
@@ -183,9 +180,7 @@ def write_config(out, configuration):
 
 
 def write_samples(out, step, examples, tokenizer):
-    """Append an evaluation's example responses (eval.eval_counts) to OUT/samples.jsonl, a line each: the step, the
-    question, greedy or sample, the prompt, the response, its answer, the gold answer and the reward. Reading them is
-    how a reward hack shows before the numbers do."""
+    """Append an evaluation's example responses (eval.eval_counts), greedy or sampled, to OUT/samples.jsonl."""
     if not examples:
         return
     with open(os.path.join(out, "samples.jsonl"), "a") as f:
@@ -196,8 +191,7 @@ def write_samples(out, step, examples, tokenizer):
 
 
 class ConsoleLog:
-    """Rank 0's console, also written to OUT/run.log: what the console showed, without progress bars
-    (tqdm redraws its bar on stderr with carriage returns; those writes are left out of the file)."""
+    """Rank 0's console, also written to OUT/run.log without progress bars (writes with carriage returns)."""
     def __init__(self, path, stream):
         self.file, self.stream = open(path, "a", buffering=1), stream
 

@@ -37,11 +37,9 @@ def init_distributed(store=None):
 
 
 def shard(model, param_dtype=None, activation_checkpointing=False, compile_layers=False):
-    """FSDP2: each decoder layer its own unit, then the root (embeddings, norm, head). `param_dtype` (e.g.
-    torch.bfloat16): mixed precision with fp32 gradient reduction. `activation_checkpointing`: each layer keeps only its
-    input and recomputes its insides in the backward (one hidden state per layer instead of every intermediate, for
-    about one more forward). `compile_layers`: torch.compile each layer on its first call, fusing its elementwise
-    operations (bench/speed.md says where it pays)."""
+    """FSDP2: each decoder layer its own unit, then the root. `param_dtype` (e.g. torch.bfloat16): mixed precision with
+    fp32 gradient reduction. `activation_checkpointing`: each layer keeps only its input and recomputes the rest in the
+    backward. `compile_layers`: torch.compile each layer on its first call (bench/speed.md says where it pays)."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in model.model.layers:
         if compile_layers:
@@ -56,9 +54,8 @@ def shard(model, param_dtype=None, activation_checkpointing=False, compile_layer
 def load_sharded(model_dir, device, dtype=torch.float32, compute_dtype=torch.float32, activation_checkpointing=False,
                  compile_layers=False):
     """The Hugging Face model in `model_dir`, sharded (`shard`), kept in `dtype` and computed in `compute_dtype`, with
-    no rank holding it whole on `device`: built on the meta device, sharded, given empty shards and filled from rank 0's
-    CPU copy one tensor at a time (broadcast_from_rank0); buffers computed at construction (the rotary frequencies) come
-    from rank 0 too. It keeps the folder's generation_config (its end tokens), as from_pretrained does. A collective."""
+    no rank holding it whole on `device`: built on the meta device, sharded, filled from rank 0's CPU copy one tensor
+    at a time, buffers (the rotary frequencies) included. It keeps the folder's generation_config. A collective."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     with torch.device("meta"):
@@ -87,10 +84,9 @@ def reshard(*models):
 
 
 def gather_full_weights(model, dtype=None):
-    """(name, full tensor) of each parameter, one at a time, in `dtype` (default: its own): cast on its shard, then
-    all-gathered when the consumer asks, so a rank holds one full parameter beyond its shards. Each parameter is a
-    collective: every rank must consume the whole iterator, in order. A tied parameter is gathered once and given under
-    each of its names (vLLM expects both)."""
+    """(name, full tensor) of each parameter, one at a time, in `dtype` (default: its own), all-gathered as the
+    consumer asks: a collective, every rank must consume the whole iterator, in order. A tied parameter is gathered
+    once and given under each of its names (vLLM expects both)."""
     reshard(model)
     names = {}                                      # id -> (parameter, [its names])
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -126,8 +122,7 @@ def failed_ranks(problem):
 
 
 def raise_if_any_rank(problem, error, what, advice):
-    """A collective: if any rank's `problem` is not None, raise `error` on every rank, naming the first failed rank, its
-    words and how many others failed."""
+    """A collective: if any rank's `problem` is not None, raise `error` on every rank, naming the first failed one."""
     failed = failed_ranks(problem)
     if failed:
         (rank, words), others = failed[0], len(failed) - 1
@@ -141,3 +136,35 @@ def all_sum(values, device):
     t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))
+
+
+def pack_by_tokens(lengths, max_tokens, passes=0):
+    """Rows (indices into `lengths`, the rows' token counts) grouped so that rows x the group's longest row stays
+    within `max_tokens`: sorted longest first, each row joins the current group while it fits (a row longer than the
+    budget goes alone). Then, while there are fewer than `passes` groups, the costliest group of two rows or more is
+    halved."""
+    groups = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    while len(groups) < passes:
+        costly = max((g for g in groups if len(g) > 1), key=lambda g: len(g) * lengths[g[0]])
+        groups.remove(costly)
+        groups += [costly[:len(costly) // 2], costly[len(costly) // 2:]]
+    return groups
+
+
+def micro_batches_for_all_ranks(lengths, cfg):
+    """Row indices [[i, ...], ...] of the sequences with token counts `lengths` [n], one list per forward/backward
+    pass: runs of `cfg.micro_batch_size` rows, or with `cfg.max_tokens_per_micro_batch` `pack_by_tokens`. FSDP pairs
+    its collectives pass by pass, so every rank runs as many passes: the largest count over ranks (a MAX all-reduce;
+    every rank holds as many rows, and a pass at least one, so each rank can make that many)."""
+    n = len(lengths)
+    if not cfg.max_tokens_per_micro_batch:
+        return [list(range(i, min(i + cfg.micro_batch_size, n))) for i in range(0, n, cfg.micro_batch_size)]
+    lengths = lengths.tolist()
+    passes = torch.tensor(len(pack_by_tokens(lengths, cfg.max_tokens_per_micro_batch)))
+    dist.all_reduce(passes, op=dist.ReduceOp.MAX)
+    return pack_by_tokens(lengths, cfg.max_tokens_per_micro_batch, int(passes))

@@ -5,11 +5,9 @@ from harness.errors import SamplerGapStop
 
 
 class CollapseWatch:
-    """Warns (it does not stop the run) when the label-free diagnostics, averaged over the last WINDOW steps, reach
-    THRESHOLDS: groups unanimous (one answer to each question, right or wrong) or with zero reward variance (no
-    signal); responses without an answer or cut at the length limit (degenerate text); or one majority answer for
-    many questions (the reward hack of a vote). study/README.md shows where healthy and collapsing runs sit. It warns
-    when a rule starts to hold, and again only after the rules stopped holding (a resumed run watches afresh)."""
+    """Warns each time the label-free diagnostics, averaged over the last WINDOW steps, start to reach THRESHOLDS
+    (study/README.md): unanimous groups or zero reward variance (no signal); responses without an answer or cut at the
+    length limit (degenerate text); one majority answer for many questions (the reward hack of a vote)."""
     WINDOW = 10
     THRESHOLDS = {"unanimous": 0.8, "zero_variance": 0.8, "no_answer": 0.8, "truncated": 0.8, "common_answer": 0.2}
 
@@ -31,20 +29,17 @@ class CollapseWatch:
         return None
 
 
-# The sampler gap a correct run of each precision cannot reach (mean |engine - trainer| log-prob per token): fp32 on
-# a CPU stayed at or under 5.1e-7 in every step of the committed classroom studies (47 runs); bf16 at or under 0.003
-# in study/bf16, and public reports for 4B models give 0.01-0.04. Each ceiling is far above what its precision
-# showed and below what an engine on stale weights soon reaches (study/bf16/README.md).
+# The sampler gap a correct run of each precision cannot reach: fp32 on a CPU stayed at or under 5.1e-7 in every step
+# of the classroom studies (47 runs); bf16 at or under 0.003 in study/bf16 (public reports for 4B models: 0.01-0.04).
+# Each ceiling is far above that and below what an engine on stale weights soon reaches (study/bf16/README.md).
 SAMPLER_GAP_CEILING = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.25}
 
 
 class SamplerGapWatch:
-    """The sampler gap (`sampler_gap`: the mean |engine - trainer| log-prob per token of the engine's own samples)
-    as a health signal; the exact check of each sync is weightcheck.py's. A warning when the gap passes
-    --sampler_gap_factor times the mean of the first BASELINE_STEPS steps, and again each time it doubles (bf16
-    kernels' gap may grow with training); a stop past the ceiling of the run's precision (SAMPLER_GAP_CEILING, or
-    --max_sampler_gap): an engine on other weights than the trainer's. `first` goes into checkpoints, so that a
-    resumed run keeps its baseline."""
+    """The sampler gap (`sampler_gap`: the mean |engine - trainer| log-prob per token of the engine's own samples) as
+    a health signal: a warning when it passes --sampler_gap_factor times the mean of the first BASELINE_STEPS steps,
+    and again each time it doubles (bf16 kernels' gap may grow with training); a stop past the ceiling of the run's
+    precision (SAMPLER_GAP_CEILING, or --max_sampler_gap). `first` goes into checkpoints: a resumed run keeps it."""
     BASELINE_STEPS = 3
 
     def __init__(self, ceiling, factor, first=()):

@@ -5,20 +5,20 @@ are read back and compared (`checksum`) with what they are made of (checkpoint_s
 kernels repack are read back through those kernels, a turn of their input columns a load (`kernel_columns`).
 """
 import os
+import re
 from dataclasses import dataclass
 
 import torch
-
 
 CHECKED_PER_LOAD = 4          # parameters read back and compared after each weight load
 
 # vLLM's fused projections (`packed_modules_mapping`): at tensor parallel 1, their parts concatenated along dim 0
 FUSED_PARAMETERS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+INTEGER_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # bytes -> an integer dtype
 
 
 def checkpoint_sources(engine_name):
-    """(the checkpoint's tensor names an engine parameter is made of, how) at tensor parallel 1: a fused projection's
-    parts (FUSED_PARAMETERS; qkv_proj: q_proj, k_proj, v_proj), 'concatenated'; else ([engine_name], 'as is')."""
+    """(the checkpoint's tensors an engine parameter is made of, how): a fused projection's parts, 'concatenated'."""
     module, _, leaf = engine_name.rpartition(".")
     parent, _, last = module.rpartition(".")
     if last in FUSED_PARAMETERS:
@@ -28,8 +28,7 @@ def checkpoint_sources(engine_name):
 
 def composed_shape(engine_name, expected):
     """The shape `engine_name`'s sources make, given the checkpoint's {name: shape}; None if they make none."""
-    sources, _ = checkpoint_sources(engine_name)
-    shapes = [expected.get(s) for s in sources]
+    shapes = [expected.get(s) for s in checkpoint_sources(engine_name)[0]]
     if any(s is None or len(s) == 0 for s in shapes) or len({s[1:] for s in shapes}) > 1:
         return None
     return (sum(s[0] for s in shapes),) + tuple(shapes[0][1:])
@@ -59,14 +58,12 @@ class Readback:
 
     def report(self):
         """One line: what is read back as it is, through kernels, and not at all (layer numbers as *, with how held)."""
-        import re
         groups = {}
         for name, how in sorted(self.unreadable.items()):
             groups.setdefault(re.sub(r"\.\d+\.", ".*.", name), []).append(how)
         share, n = self.readable_bytes / max(1, self.total_bytes), self.loads_to_check_all
-        line = (f"weight check: {len(self.checkable)} of the engine's {self.parameters} parameters "
-                f"({100 * share:.1f}% of the model's bytes) are read back, {CHECKED_PER_LOAD} a load, each within "
-                f"{n} loads")
+        line = (f"weight check: {len(self.checkable)} of the engine's {self.parameters} parameters ({100 * share:.1f}% "
+                f"of the model's bytes) are read back, {CHECKED_PER_LOAD} a load, each within {n} loads")
         if self.through_kernel:
             line += (f"; {len(self.through_kernel)} repacked for this device's kernels are read back through those "
                      f"kernels, 1/{n} of their input columns a load, each whole within {n} loads")
@@ -77,9 +74,8 @@ class Readback:
 
 
 def readback_plan(expected, layouts, dtype, kernel_verdicts):
-    """The Readback for parameter `layouts` ({name: (shape, dtype name)}), checkpoint shapes `expected` and torch
-    `dtype`. A parameter held as its checkpoint tensors make it (composed_shape), in `dtype`, is checkable; else read
-    through its kernel where `kernel_verdicts` (WeightCheck.kernel_verdicts) says None; else unreadable."""
+    """The Readback of the engine's `layouts` ({name: (shape, dtype name)}) for checkpoint shapes `expected`: checkable
+    if held as its checkpoint tensors make it in `dtype`, else read by its kernel if `kernel_verdicts` passes (None)."""
     checkable, through_kernel, unreadable, readable_bytes, total_bytes = [], {}, {}, 0, 0
     for name, (shape, dtype_name) in sorted(layouts.items()):
         shape, composed = tuple(shape), composed_shape(name, expected)
@@ -99,12 +95,6 @@ def readback_plan(expected, layouts, dtype, kernel_verdicts):
                                f"{composed} {str(dtype).removeprefix('torch.')}" + \
                                (f", and {kernel_verdicts[name]}" if name in kernel_verdicts else "")
     return Readback(checkable, through_kernel, unreadable, len(layouts), readable_bytes, total_bytes)
-
-
-def kernel_candidates(readback, expected):
-    """{name: input size} of the unreadable 2-D weights made of checkpoint tensors: a kernel might give them back."""
-    shapes = {name: composed_shape(name, expected) for name in readback.unreadable if name.endswith(".weight")}
-    return {name: shape[1] for name, shape in shapes.items() if shape is not None and len(shape) == 2}
 
 
 def kernel_columns(inputs, load, loads):
@@ -175,10 +165,11 @@ class WeightCheck:
         self.checkable = self.readback.checkable
 
     def kernel_verdicts(self, model_dir, readback):
-        """{name: None, or why not}: whether each weight the kernels repack (`kernel_candidates`) gives back the start
-        checkpoint's columns through its kernel; one whose layer has no kernel is left out."""
-        columns = {name: (inputs, kernel_columns(inputs, 0, readback.loads_to_check_all))
-                   for name, inputs in kernel_candidates(readback, self.expected).items()}
+        """{name: None, or why not}: whether each unreadable 2-D weight made of checkpoint tensors (repacked for the
+        kernels) gives back the start checkpoint's columns through its kernel; a layer without a kernel is left out."""
+        shapes = {name: composed_shape(name, self.expected) for name in readback.unreadable if name.endswith(".weight")}
+        columns = {name: (shape[1], kernel_columns(shape[1], 0, readback.loads_to_check_all))
+                   for name, shape in shapes.items() if shape is not None and len(shape) == 2}
         if not columns:
             return {}
         engine = self.llm.collective_rpc(_kernel_columns, kwargs={"columns": columns, "dtype": self.dtype})[0]
@@ -212,31 +203,26 @@ class WeightCheck:
         return "; ".join(problems) or None
 
 
-def checkpoint_shapes(model_dir):
-    """{name: shape} of the tensors in a Hugging Face folder's safetensors files (headers only)."""
+def safetensors_files(model_dir):
+    """Each of a Hugging Face folder's safetensors files in turn, open (its tensors read on demand)."""
     import glob
     from safetensors import safe_open
-    shapes = {}
     for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
         with safe_open(path, "pt") as f:
-            shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
-    return shapes
+            yield f
+
+
+def checkpoint_shapes(model_dir):
+    """{name: shape} of the tensors in a Hugging Face folder's safetensors files (headers only)."""
+    return {name: tuple(f.get_slice(name).get_shape()) for f in safetensors_files(model_dir) for name in f.keys()}
 
 
 def checkpoint_columns(model_dir, columns, dtype):
     """{engine parameter: its `columns` as model_dir's checkpoint makes them, in `dtype`}, from its safetensors."""
-    import glob
-    from safetensors import safe_open
     wanted = {source: indices for name, (_, indices) in columns.items() for source in checkpoint_sources(name)[0]}
-    parts = {}
-    for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
-        with safe_open(path, "pt") as f:
-            parts.update({name: f.get_slice(name)[:, :max(wanted[name]) + 1][:, wanted[name]].to(dtype)
-                          for name in f.keys() if name in wanted})
+    parts = {name: f.get_slice(name)[:, :max(wanted[name]) + 1][:, wanted[name]].to(dtype)
+             for f in safetensors_files(model_dir) for name in f.keys() if name in wanted}
     return {name: torch.cat([parts[source] for source in checkpoint_sources(name)[0]]) for name in columns}
-
-
-INTEGER_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def checksum(tensor, chunk=2**22):

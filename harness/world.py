@@ -1,10 +1,10 @@
 """The classroom world: a tiny, self-contained stand-in for "an LLM learning math reasoning", built in code on any CPU.
 
 1. Problems: two-step arithmetic word problems (SHAPES) in two views, the original and a rephrasing with the same
-   numbers, operations and answer but new wording, sentence order and scenario, as the paper asks of rephrasings.
-   Each view holds a distractor; half are traps the base model often copies (DISTRACTORS), so some of its mistakes
-   are tied to one wording, as the paper assumes of real models. Split by mathematics into `warmup` (the warm-up's
-   data), `train` (RL prompts) and `test` (held out). Responses: worked steps, then \\boxed{answer}.
+   numbers, operations and answer but new wording, sentence order and scenario. Each view holds a distractor; half
+   are traps the base model often copies (DISTRACTORS), so some of its mistakes are tied to one wording, as the paper
+   assumes of real models. Split by mathematics into `warmup`, `train` (RL prompts) and `test` (held out).
+   Responses: worked steps, then \\boxed{answer}.
 2. A word-level tokenizer over all the world can say, in Hugging Face format (transformers and vLLM load it).
 3. A tiny Qwen3 (4 layers, width 128, head_dim 32 since vLLM's CPU attention rejects 16).
 4. The base model (`classroom/base/`): a short warm-up on `warmup` problems, stopped early and label-smoothed so that
@@ -12,6 +12,7 @@
 """
 import argparse
 import functools
+import itertools
 import json
 import os
 import random
@@ -27,12 +28,10 @@ EOS = "<|endoftext|>"
 # -------------------------------------------------------------------------------------------- 1. Problems
 
 # A scenario is who acts, the containers and the things counted.
-SCENARIOS = [
-    ("Tom", "boxes", "pencils"), ("Mia", "bags", "apples"), ("Sam", "jars", "cookies"),
-    ("Ana", "shelves", "books"), ("Leo", "crates", "eggs"), ("Zoe", "baskets", "oranges"),
-    ("Ben", "trays", "muffins"), ("Eva", "packs", "cards"), ("Max", "tanks", "fish"),
-    ("Ivy", "vases", "roses"), ("Kai", "cartons", "bottles"), ("Lily", "tins", "buttons"),
-]
+SCENARIOS = [("Tom", "boxes", "pencils"), ("Mia", "bags", "apples"), ("Sam", "jars", "cookies"),
+             ("Ana", "shelves", "books"), ("Leo", "crates", "eggs"), ("Zoe", "baskets", "oranges"),
+             ("Ben", "trays", "muffins"), ("Eva", "packs", "cards"), ("Max", "tanks", "fish"),
+             ("Ivy", "vases", "roses"), ("Kai", "cartons", "bottles"), ("Lily", "tins", "buttons")]
 
 # Several wordings per shape, the numbers in different orders: {n} name, {c1} containers, {it} items; a, b, c numbers.
 TEMPLATES = {
@@ -77,8 +76,6 @@ OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y
 
 def worked_solution(shape, a, b, c):
     """(response text, answer) of one problem."""
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}")
     op1, op2 = SHAPES[shape]
     m = OPS[op1](a, b)
     answer = OPS[op2](m, c)
@@ -86,12 +83,8 @@ def worked_solution(shape, a, b, c):
 
 
 # (distractor, is a trap): a trap reads as a fact of the problem, and sloppy warm-up solutions copy its number for c.
-DISTRACTORS = [
-    ("{n} is {d} years old .", False),
-    ("The shop is {d} minutes away .", False),
-    ("A friend of {n} has {d} {it} .", True),
-    ("Last week there were {d} {it} .", True),
-]
+DISTRACTORS = [("{n} is {d} years old .", False), ("The shop is {d} minutes away .", False),
+               ("A friend of {n} has {d} {it} .", True), ("Last week there were {d} {it} .", True)]
 
 
 @dataclass(frozen=True)
@@ -105,16 +98,10 @@ class Problem:
 
 def all_maths():
     """Every (shape, a, b, c) the world knows, with non-negative, non-trivial answers."""
-    out = []
-    for shape in TEMPLATES:
-        for a in range(2, 13):
-            for b in range(2, 13):
-                for c in range(2, 13):
-                    if shape == "add_sub" and c >= a + b: continue
-                    if shape == "mul_sub" and c >= a * b: continue
-                    if shape == "sub_mul" and b >= a: continue
-                    out.append((shape, a, b, c))
-    return out
+    small = range(2, 13)
+    return [(shape, a, b, c) for shape, a, b, c in itertools.product(TEMPLATES, small, small, small)
+            if not ((shape == "add_sub" and c >= a + b) or (shape == "mul_sub" and c >= a * b)
+                    or (shape == "sub_mul" and b >= a))]
 
 
 def distractor_numbers(shape, a, b, c):
@@ -194,13 +181,10 @@ def build_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    words = {}
+    vocab = {EOS: 0, "<unk>": 1}  # then each word in the order the corpus first says it
     for text in corpus():
         for w, _ in pre.pre_tokenize_str(text):
-            words.setdefault(w, len(words))
-    vocab = {EOS: 0, "<unk>": 1}
-    for w in sorted(words, key=words.get):
-        vocab.setdefault(w, len(vocab))
+            vocab.setdefault(w, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre
     tok.decoder = decoders.ByteLevel()
@@ -211,11 +195,10 @@ def build_tokenizer():
 
 def model_config(vocab_size):
     from transformers import Qwen3Config
-    return Qwen3Config(
-        vocab_size=(vocab_size + 63) // 64 * 64, hidden_size=128, intermediate_size=384,
-        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=True,
-        eos_token_id=0, pad_token_id=0, bos_token_id=0, torch_dtype="float32")
+    return Qwen3Config(vocab_size=(vocab_size + 63) // 64 * 64, hidden_size=128, intermediate_size=384,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                       max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=True,
+                       eos_token_id=0, pad_token_id=0, bos_token_id=0, torch_dtype="float32")
 
 
 # ---------------------------------------------------------------------- 4. The base model: a short supervised warm-up

@@ -85,7 +85,8 @@ def main():
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     sets = question_sets(args.limit)
     engine = make_engine(config.choose_backend(args.backend)[0], args.model, max_prompt_len=512,
-                         max_response_len=args.max_tokens, dtype="float32")
+                         max_response_len=args.max_tokens, dtype="float32",
+                         **{k: config.PRESETS["classroom"][k] for k in ("cpu_kv_cache_gib", "gpu_memory_utilization", "hf_kv_budget_gib")})
     rows = []
     for name, questions in sets.items():
         for prompt in args.prompts.split(","):

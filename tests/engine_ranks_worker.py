@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from config import PRESETS  # noqa: E402
 from harness import world  # noqa: E402
 from rollout import make_engine, request_seed  # noqa: E402
 from harness.sharding import init_distributed  # noqa: E402
@@ -27,7 +28,8 @@ def placement(worker):
 
 
 def engine_for(model_dir):
-    return make_engine("vllm", model_dir, max_prompt_len=64, max_response_len=8)
+    return make_engine("vllm", model_dir, max_prompt_len=64, max_response_len=8, **{name: PRESETS["classroom"][name]
+                       for name in ("dtype", "cpu_kv_cache_gib", "gpu_memory_utilization", "hf_kv_budget_gib")})
 
 
 def sample(engine, model_dir, questions):

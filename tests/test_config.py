@@ -10,6 +10,7 @@ import pytest
 
 import config
 from harness import errors
+from harness.resume import ADDED_SETTINGS, resume_settings
 from conftest import ROOT
 
 from rewards import METHODS
@@ -88,7 +89,7 @@ def test_help_shows_each_flags_value_in_each_preset_and_method():
             flag = line.split()[0].rstrip(",")
             lines[flag] = ""
         lines[flag] = lines.get(flag, "") + " " + line.strip()
-    for name, *values in config.PRESET_TABLE:       # each preset's value, then each method's that differs
+    for name, *values, _, _ in config.PRESET_TABLE:       # each preset's value, then each method's that differs
         shown = [f"{preset}: {'none' if v is None else v}" for preset, v in zip(config.PRESET_NAMES, values)]
         shown += [f"{method}: {settings[name]}" for method, settings in config.METHOD_DEFAULTS.items()
                   if name in settings]
@@ -96,7 +97,7 @@ def test_help_shows_each_flags_value_in_each_preset_and_method():
     assert "{" + ",".join(METHODS) + "}" in lines["--method"]          # the choices: METHOD_TABLE's rows
     from grpo import POLICY_LOSS_SETTINGS          # a help may show a table's values, made from the table
     from_tables = {"0"} | {str(v) for own in POLICY_LOSS_SETTINGS.values() for v in own.values() if v is not None}
-    for name, _, help in config.FLAGS:
+    for name, *_, help in config.FLAGS + config.PRESET_TABLE:
         assert set(re.findall(r"\b\d[\d.e-]*", help)) <= from_tables, f"--{name}'s help states a number: {help}"
 
 
@@ -135,13 +136,15 @@ def test_a_checkpoint_from_before_a_setting_existed_resumes_as_it_ran(tmp_path):
     step.mkdir(parents=True)
     (step / "trainer.pt").write_bytes(b"")
     saved = config.config_of(config.parse_args(["--method", "gt", "--out", str(tmp_path / "run")]))
-    for name in config.ADDED_SETTINGS:
+    for name in ADDED_SETTINGS:
         del saved[name]
     (step / "config.json").write_text(json.dumps(saved))
-    args, path = config.resume_settings(config.parse_args(["--resume", str(step)]))
+    resumed = lambda flags: resume_settings(config.parse_args(["--resume", str(step), *flags]), config.PRESETS,
+                                            config.NOT_CONFIG)
+    args, path = resumed([])
     assert (args.rollout_correction, args.rollout_correction_cap) == ("none", 2.0) and path == str(step)
     with pytest.raises(errors.RefusedSetting, match="--rollout_correction tis differs from the checkpoint's none"):
-        config.resume_settings(config.parse_args(["--resume", str(step), "--rollout_correction", "tis"]))
+        resumed(["--rollout_correction", "tis"])
 
 
 def test_default_out_tells_the_documented_runs_apart():
@@ -180,7 +183,7 @@ def test_the_engine_is_vllm_where_it_is_installed_and_transformers_elsewhere():
     assert config.PRESETS["classroom"]["backend"] == config.PRESETS["official"]["backend"] == "auto"
     if config.vllm_installed():
         assert config.choose_backend("auto") == ("vllm", "auto: vLLM is installed")
-    args, _ = config.settings(config.parse_args(["--method", "gt"]))
+    args = config.settings(config.parse_args(["--method", "gt"]))
     assert args.backend in ("vllm", "hf") and args.backend_reason.startswith("auto: ")
     assert "backend_reason" not in config.config_of(args)
 

@@ -6,7 +6,9 @@ import os
 
 import pytest
 
+import config
 import eval as evaluation
+from harness import checkpoint, world
 from rollout import Sample
 
 
@@ -40,6 +42,7 @@ class ConstantEngine(FakeEngine):
 
 
 # three questions, k = 4; prompt i is [i]
+SAMPLING = dict(temperature=0.8, max_tokens=100, seed=0)
 GOLD = ["5", "1/2", "7"]
 GREEDY = [["\\boxed{5}"], ["so \\boxed{0.5}"], ["\\boxed{8}"]]
 SAMPLED = [
@@ -51,7 +54,7 @@ SAMPLED = [
 
 def test_counts_greedy_avg_and_maj_by_hand():
     engine = FakeEngine(GREEDY, SAMPLED)
-    sums, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, temperature=0.8, max_tokens=100)
+    sums, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, **SAMPLING)
     # pass@2 of 2 right of 4: 1 - C(2,2)/C(4,2) = 5/6; of 1 right of 4: 1 - C(3,2)/C(4,2) = 1/2. pass@4: any right
     assert sums == {"n": 3, "greedy": 2, "avg": pytest.approx(0.5 + 0.25 + 0.25), "maj": 1, "boxed": 13,
                     "pass": 3, "pass@1": pytest.approx(0.5 + 0.25 + 0.25),
@@ -65,20 +68,19 @@ def test_counts_greedy_avg_and_maj_by_hand():
 def test_k_0_is_greedy_only_as_the_official_validation():
     """--eval_k 0 (the official preset's): one greedy request, no sampled one; avg@k and maj@k are None."""
     engine = FakeEngine(GREEDY, SAMPLED)
-    sums, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=0, temperature=0.8, max_tokens=100)
+    sums, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=0, **SAMPLING)
     assert engine.calls == [(1, 0.0, 100)]
     assert evaluation.accuracies(sums, k=0) == {"greedy": pytest.approx(2 / 3), "avg": None, "maj": None,
                                                 "boxed": 1.0}
     table = evaluation.markdown_table({"math500": {"n": 3, **evaluation.accuracies(sums, k=0)}}, k=0)
     assert table.splitlines()[-1] == "| math500 | 3 | 0.667 | – | – | 1.000 |"
-    import config
     assert config.PRESETS["official"]["eval_k"] == 0
 
 
 def test_sums_of_shares_add_up_to_the_whole():
     engine = FakeEngine(GREEDY, SAMPLED)
-    whole, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4)
-    parts = [evaluation.eval_counts(engine, [[i]], [GOLD[i]], k=4)[0] for i in range(3)]
+    whole, _ = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, **SAMPLING)
+    parts = [evaluation.eval_counts(engine, [[i]], [GOLD[i]], k=4, **SAMPLING)[0] for i in range(3)]
     assert {key: sum(p[key] for p in parts) for key in whole} == pytest.approx(whole)
 
 
@@ -93,16 +95,50 @@ def test_markdown_table():
         "| amc23 | 40 | 0.125 | 0.100 | 0.150 | 0.100 | 0.180 | 0.300 | 0.450 | 0.900 |"]
 
 
-def test_defaults_follow_the_benchmarks():
-    import config
-    classroom = evaluation.parse_args(["--model", "m"])
-    preset = config.PRESETS["classroom"]
-    # the classroom defaults are the training evaluation's, so that the two agree
-    assert (classroom.benchmarks, classroom.temperature, classroom.max_tokens, classroom.k) == \
-        (["classroom"], preset["eval_temperature"], preset["max_response_len"], preset["eval_k"]) == \
-        (["classroom"], 1.0, 48, 8)
-    paper = evaluation.parse_args(["--model", "m", "--benchmarks", "math500,aime24"])
-    assert (paper.benchmarks, paper.temperature, paper.max_tokens) == (["math500", "aime24"], 0.8, 3072)
+def defaults(args):
+    return {flag: getattr(args, flag) for flag, *_ in evaluation.AS_IN_TRAINING}
+
+
+def preset_values(preset, backend):
+    """eval.py's flags as the preset's settings have them (`backend`: what auto chose here)."""
+    values = {flag: config.PRESETS[preset][name] for flag, name, *_ in evaluation.AS_IN_TRAINING}
+    return {**values, "benchmarks": values["benchmarks"].split(","), "backend": backend}
+
+
+def test_the_defaults_are_the_settings_of_the_models_training(tmp_path):
+    """The classroom base model, a classroom run's model folder or checkpoint: the classroom preset's settings, so that
+    eval.py gives what training printed; any other model the official preset's (config.preset_of); --preset chooses,
+    and a flag given wins."""
+    backend = config.choose_backend("auto")[0]
+    base = evaluation.parse_args(["--model", world.BASE_DIR])
+    assert (base.preset, defaults(base)) == ("classroom", preset_values("classroom", backend))
+    assert (base.benchmarks, base.k, base.temperature, base.max_tokens, base.dtype) == \
+        (["classroom"], 8, 1.0, 48, "float32")
+    step = tmp_path / "run" / "checkpoints" / "step_4"
+    step.mkdir(parents=True)
+    (step / "trainer.pt").write_bytes(b"")
+    (step / "config.json").write_text(json.dumps({"preset": "classroom"}))
+    checkpoint.mark_model_folder(str(tmp_path), "classroom")                     # a run's final/
+    for model in (str(step), str(tmp_path)):
+        assert defaults(evaluation.parse_args(["--model", model])) == preset_values("classroom", backend)
+    hub = evaluation.parse_args(["--model", "org/m"])
+    assert (hub.preset, defaults(hub)) == ("official", preset_values("official", backend))
+    assert (hub.benchmarks, hub.k, hub.temperature, hub.max_tokens, hub.dtype) == \
+        (["math5000"], 0, 0.8, 3072, "bfloat16")
+    given = evaluation.parse_args(["--model", "org/m", "--benchmarks", "math500,aime24", "--k", "4", "--seed", "3"])
+    assert (given.benchmarks, given.k, given.seed, given.temperature) == (["math500", "aime24"], 4, 3, 0.8)
+    assert defaults(evaluation.parse_args(["--model", "org/m", "--preset", "classroom"])) == \
+        preset_values("classroom", backend)
+
+
+def test_the_classroom_is_evaluated_in_float32_on_any_device(monkeypatch):
+    """The dtype is the preset's, as in training, not the device's: on a GPU the classroom model's evaluation runs in
+    float32, as its training's did; --dtype chooses."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert evaluation.parse_args(["--model", world.BASE_DIR]).dtype == config.PRESETS["classroom"]["dtype"] == "float32"
+    assert evaluation.parse_args(["--model", "org/m"]).dtype == config.PRESETS["official"]["dtype"] == "bfloat16"
+    assert evaluation.parse_args(["--model", world.BASE_DIR, "--dtype", "bfloat16"]).dtype == "bfloat16"
 
 
 def test_the_command_writes_the_table_and_json(tmp_path, tiny_model_dir, monkeypatch):
@@ -117,7 +153,7 @@ def test_the_command_writes_the_table_and_json(tmp_path, tiny_model_dir, monkeyp
     assert result["results"]["amc23"]["avg"] == pytest.approx(1 / 3)
     # k = 2: pass@1 and pass@2, each 1 on the first question (both samples right) and 0 on the others
     assert [result["results"]["amc23"][key] for key in ("pass", "pass@1", "pass@2")] == pytest.approx([1 / 3] * 3)
-    assert result["temperature"] == 0.8 and result["max_tokens"] == 3072
+    assert (result["preset"], result["temperature"], result["max_tokens"]) == ("official", 0.8, 3072)
     assert "| amc23 | 3 | 0.333 | 0.333 | 0.333 | 0.333 | 0.333 | 1.000 |" in (tmp_path / "results.md").read_text()
     assert engine.calls == [(1, 0.0, 3072), (2, 0.8, 3072)]
 
@@ -169,13 +205,13 @@ def test_two_models_never_share_a_default_folder(tmp_path, monkeypatch):
 def test_the_first_questions_responses_are_kept_with_their_rewards():
     """keep=2: the first two questions' greedy response and first sample, each with its answer and reward."""
     engine = FakeEngine(GREEDY, SAMPLED)
-    _, examples = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, keep=2)
+    _, examples = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=4, keep=2, **SAMPLING)
     assert [(e["question"], e["kind"], e["response"], e["answer"], e["gold"], e["reward"]) for e in examples] == [
         (0, "greedy", "\\boxed{5}", "5", "5", 1.0), (0, "sample", "\\boxed{5}", "5", "5", 1.0),
         (1, "greedy", "so \\boxed{0.5}", "0.5", "1/2", 1.0),
         (1, "sample", "\\boxed{\\frac12}", "\\frac12", "1/2", 1.0)]
-    assert evaluation.eval_counts(engine, [[0]], GOLD[:1], k=4)[1] == []
-    greedy_only = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=0, keep=2)[1]     # k = 0: greedy only
+    assert evaluation.eval_counts(engine, [[0]], GOLD[:1], k=4, **SAMPLING)[1] == []
+    greedy_only = evaluation.eval_counts(engine, [[0], [1], [2]], GOLD, k=0, keep=2, **SAMPLING)[1]     # greedy only
     assert [(e["question"], e["kind"]) for e in greedy_only] == [(0, "greedy"), (1, "greedy")]
 
 
@@ -239,7 +275,7 @@ def test_counts_pass_at_k_by_hand():
     engine = FakeEngine(greedy=[["\\boxed{5}"], ["\\boxed{7}"]],
                         sampled=[["\\boxed{5}", "\\boxed{3}", "\\boxed{5}", "\\boxed{4}"],       # 2/4 right
                                  ["\\boxed{1}", "\\boxed{2}", "no box", "\\boxed{3}"]])           # 0/4 right
-    sums, _ = evaluation.eval_counts(engine, [[0], [1]], ["5", "6"], k=4, temperature=0.8, max_tokens=100)
+    sums, _ = evaluation.eval_counts(engine, [[0], [1]], ["5", "6"], k=4, **SAMPLING)
     assert {key: sums[key] for key in ("pass", "pass@1", "pass@2", "pass@4")} == \
         pytest.approx({"pass": 1.0, "pass@1": 0.5, "pass@2": 5 / 6, "pass@4": 1.0})
     assert (sums["avg"], sums["maj"], sums["greedy"]) == (0.5, 1, 1)          # the other sums as before
@@ -247,5 +283,5 @@ def test_counts_pass_at_k_by_hand():
     assert {key: acc[key] for key in ("pass", "pass@1", "pass@2", "pass@4")} == \
         pytest.approx({"pass": 0.5, "pass@1": 0.25, "pass@2": 5 / 12, "pass@4": 0.5})
     assert acc["pass@1"] == pytest.approx(acc["avg"])
-    assert evaluation.eval_counts(engine, [], [], k=4)[0].keys() == sums.keys()
-    assert "pass" not in evaluation.eval_counts(engine, [[0], [1]], ["5", "6"], k=0)[0]     # greedy only: no pass@k
+    assert evaluation.eval_counts(engine, [], [], k=4, **SAMPLING)[0].keys() == sums.keys()
+    assert "pass" not in evaluation.eval_counts(engine, [[0], [1]], ["5", "6"], k=0, **SAMPLING)[0]     # no pass@k

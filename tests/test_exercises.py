@@ -17,7 +17,8 @@ def test_the_reward_check_names_what_is_missing_or_wrong(monkeypatch, capsys):
     monkeypatch.delattr(rewards, "soft_agreement", raising=False)               # as before the exercise
     assert _check(capsys) == ("rewards.py has no function soft_agreement(answers, labels, voters) yet: write it "
                               "beside agreement", False)
-    monkeypatch.setattr(rewards, "soft_agreement", rewards.agreement, raising=False)     # 0/1, not a share
+    monkeypatch.setattr(rewards, "soft_agreement", lambda answers, labels, voters: rewards.agreement(answers, labels),
+                        raising=False)                                                     # 0/1, not a share
     message, passed = _check(capsys)
     assert not passed and message.startswith("not yet: a share of the voters, not 0 or 1")
     assert "expected [[0.5, 0.5, 0.25, 0.0]]" in message and "got      [[1.0, 1.0, 0.0, 0.0]]" in message

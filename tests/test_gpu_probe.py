@@ -172,7 +172,7 @@ def test_a_step_s_memory_windows_are_the_reference_each_pass_and_adamw(dist_worl
     batch = probe.synthetic_batch(shape, 1, torch.device("cpu"))
     cfg = probe.step_config()
     cfg.max_tokens_per_micro_batch = shape["max_tokens_per_micro_batch"]
-    passes = grpo.micro_batches_for_all_ranks(batch.lengths(), cfg)
+    passes = grpo.micro_batches_for_all_ranks(grpo.sequence_lengths(batch.mask), cfg)
     assert len(passes) > 1
     windows.start()                                                              # mark 1
     grpo.train_step(policy, ref, optimizer, batch, cfg, 1, order=torch.arange(len(batch)))

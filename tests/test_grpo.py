@@ -11,7 +11,8 @@ import torch
 
 import grpo
 import config
-from grpo import Batch, StepConfig, group_advantages, micro_batches_for_all_ranks, pack_by_tokens, train_step
+from grpo import Batch, StepConfig, group_advantages, micro_batches_for_all_ranks, sequence_lengths, train_step
+from harness.sharding import pack_by_tokens
 from harness.errors import NonFiniteError
 from harness.logprobs import naive_logprobs, token_logprobs
 from harness.sharding import gather_full_weights, shard
@@ -130,7 +131,7 @@ def test_the_logged_kl_is_the_loss_kl(dist_world):
     policy = shard(model)
     stats = train_step(policy, shard(far.requires_grad_(False)), torch.optim.SGD(policy.parameters(), lr=0.0),
                        batch, cfg, 1, order=torch.arange(6))
-    assert stats["kl_sum"] == pytest.approx(used, rel=1e-5)
+    assert stats.kl_sum == pytest.approx(used, rel=1e-5)
 
 
 def _tiny_model(seed=0):
@@ -169,7 +170,7 @@ def test_micro_batches_are_padded_to_their_own_longest_row(dist_world):
     """Each pass computes only its rows' own width; the padding efficiency of the test batch's
     micro-batches by budget is higher than by count."""
     b = _batch()
-    lengths = b.lengths()
+    lengths = sequence_lengths(b.mask)
     assert lengths.tolist() == [5, 6, 5, 10, 9, 10]           # prompt 3 + response 2, 3, 2, 7, 6, 7
     def efficiency(cfg):
         passes = micro_batches_for_all_ranks(lengths, cfg)
@@ -353,8 +354,8 @@ def test_later_updates_take_their_ratio_against_the_sampling_policy(dist_world):
     expected, norms = _plain_reference_step(batch, order, 2, lr, cfg)
     for name, value in gather_full_weights(model):
         assert torch.allclose(value, expected[name], atol=1e-5), name
-    assert stats["clipped_low_sum"] + stats["clipped_high_sum"] > 0    # the first update's ratio is exactly 1: these clipped in the second
-    assert norms[0] > norms[1] and stats["grad_norm"] == pytest.approx(max(norms), rel=1e-5)
+    assert stats.clipped_low_sum + stats.clipped_high_sum > 0    # the first update's ratio is exactly 1: these clipped in the second
+    assert norms[0] > norms[1] and stats.grad_norm == pytest.approx(max(norms), rel=1e-5)
 
 
 @pytest.mark.parametrize("mini_batches", [1, 2])
@@ -519,8 +520,8 @@ def test_a_corrected_step_matches_the_reference(dist_world, correction, mini_bat
         assert torch.allclose(value, expected[name], atol=1e-5), name
     assert max((expected[k] - uncorrected[k]).abs().max() for k in expected) > 1e-3      # the weights mattered
     ratio = (w.log() * batch.mask).sum(-1, keepdim=True).exp().expand_as(w) if correction.startswith("seq") else w
-    assert stats["sampler_ratio_sum"] == pytest.approx((ratio * batch.mask).sum().item(), rel=1e-5)
-    assert stats["sampler_capped_sum"] == ((ratio > 2.0) * batch.mask).sum().item() > 0
+    assert stats.sampler_ratio_sum == pytest.approx((ratio * batch.mask).sum().item(), rel=1e-5)
+    assert stats.sampler_capped_sum == ((ratio > 2.0) * batch.mask).sum().item() > 0
 
 
 def test_no_correction_is_bit_for_bit_the_unweighted_step(dist_world, monkeypatch):
@@ -546,7 +547,7 @@ def test_no_correction_is_bit_for_bit_the_unweighted_step(dist_world, monkeypatc
         stats = train_step(model, ref, torch.optim.AdamW(model.parameters(), lr=1e-1), batch, cfg, 1,
                            order=torch.randperm(8, generator=torch.Generator().manual_seed(0)))
         stepped.append(dict(gather_full_weights(model)))
-    assert stats["clipped_low_sum"] + stats["clipped_high_sum"] > 0 and stats["sampler_capped_sum"] > 0      # a cap would have acted
+    assert stats.clipped_low_sum + stats.clipped_high_sum > 0 and stats.sampler_capped_sum > 0      # a cap would have acted
     for name in stepped[0]:
         assert torch.equal(stepped[0][name], stepped[1][name]), name
 
@@ -589,7 +590,7 @@ def test_a_view_with_every_group_dropped_adds_zero_not_nan(dist_world):
     for b in (dropped, batch.rows(torch.arange(3))):
         model, ref = shard(_tiny_model()), shard(_tiny_model().requires_grad_(False))
         stats = train_step(model, ref, torch.optim.SGD(model.parameters(), lr=1e-1), b, cfg, 1)
-        assert math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
+        assert math.isfinite(stats.grad_norm) and stats.grad_norm > 0
         stepped.append(dict(gather_full_weights(model)))
     for name in stepped[0]:
         assert torch.allclose(stepped[0][name], stepped[1][name], atol=1e-7), name

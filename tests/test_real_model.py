@@ -86,7 +86,8 @@ def test_the_texts_are_those_of_vllms_own_detokenizer(smollm_dir):
                  "Écris 7 × 8 en toutes lettres."]
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
                                        return_dict=False) for q in questions]
-    engine = make_engine("vllm", smollm_dir, max_prompt_len=128, max_response_len=96, cpu_kv_cache_gib=0.25)
+    engine = make_engine("vllm", smollm_dir, max_prompt_len=128, max_response_len=96, dtype="float32",
+                         cpu_kv_cache_gib=0.25, gpu_memory_utilization=0.75, hf_kv_budget_gib=0.0)
     seeds = [request_seed(0, "policy", 1, i) for i in range(len(prompts))]
     ours = engine.generate(prompts, n=2, temperature=1.0, max_tokens=96, seeds=seeds)
     assert [[s.text for s in g] for g in ours] == vllm_own_texts(engine, prompts, 2, 96, seeds)

@@ -41,7 +41,7 @@ def step_rewards(method, questions, step):
     answers = responses(gold)
     teacher = responses([q.answer for q in questions] * 2)[len(questions):] if m.teacher == "rephrased" else answers
     coins = [request_seed(0, "reward", step, i, view) for view in views for i in range(len(questions))]
-    labels, voters = label_groups(method, answers, gold, teacher if m.teacher else None, coin_seeds=coins)
+    labels, voters = label_groups(method, answers, gold, teacher if m.teacher else None)
     return gold, labels, grpo.call(m.reward, answers=answers, labels=labels, voters=voters, seeds=coins)
 
 
@@ -66,15 +66,15 @@ def test_a_group_without_gold_is_left_out_of_label_acc_and_rollout_acc(dist_worl
     """gt's label is the gold answer: on a step that draws openrs row 4303, its record's label_acc is 1 (7 of the 7
     groups with a gold answer), where counting the gold-less group as a wrong label gave 7/8; rollout_acc is 2 of each
     graded group's 4 responses (its third answers the next question's gold, none equal to its own here)."""
-    import collections
     import types
     import torch
-    from harness.record import step_record_over_ranks
+    from harness.record import LossSums, step_record_over_ranks
     pairs = shipped("openrs")[4303 - 5:4303 + 3]                  # 8 questions, row 4303 the sixth
     gold, labels, rewards = step_rewards("gt", pairs, 1)
-    stats = collections.defaultdict(lambda: 1.0, views=[collections.defaultdict(lambda: 1.0)] * 2)  # not read here
-    step = Step(1, [[types.SimpleNamespace(finished=True)] * 4] * 8, responses(gold), gold, labels, torch.tensor(rewards), torch.tensor(rewards),
-                torch.ones(8, dtype=torch.bool), stats, [0] * 8, 0.0, None, {})
+    stats = LossSums(updates=1, tokens=1.0)                                                    # not read here
+    step = Step(1, [[types.SimpleNamespace(finished=True)] * 4] * 8, responses(gold), gold, labels,
+                torch.tensor(rewards), torch.tensor(rewards), torch.ones(8, dtype=torch.bool),
+                torch.zeros(8, dtype=torch.bool), stats, [0] * 8, 0.0, None, {})
     record = step_record_over_ranks(step, torch.device("cpu"), 1)
     assert gold[5] is None and label_correct(step) == 7
     assert record["label_acc"] == record["original/label_acc"] == 1.0 and record["rollout_acc"] == 0.5

@@ -42,11 +42,19 @@ def restart_of(tmp_path, monkeypatch, words, with_checkpoint):
     return out, args, resume.as_an_attempt(args)
 
 
+def settled(args):
+    """(settings, checkpoint) as resume.begin and config.settings make them of a restart's flags (as_an_attempt's)."""
+    path = None
+    if args.resume is not None:
+        args, path = resume.resume_settings(args, config.PRESETS, config.NOT_CONFIG)
+    return config.settings(args, resumed=path is not None), path
+
+
 @pytest.mark.parametrize("words", FORMS, ids=lambda w: " ".join(w) or "plain")
 def test_a_restart_continues_from_the_newest_checkpoint_whatever_the_command_said(tmp_path, monkeypatch, words):
     out, args, line = restart_of(tmp_path, monkeypatch, words, with_checkpoint=True)
     assert line == f"restart 1 of 2 of torchrun abc: continued from {os.path.join(out, 'checkpoints', 'step_2')}"
-    settings, path = config.settings(args)          # not refused: --resume and --overwrite are no longer both there
+    settings, path = settled(args)          # not refused: --resume and --overwrite are no longer both there
     assert path == os.path.join(out, "checkpoints", "step_2") and settings.out == out and not settings.overwrite
 
 
@@ -54,7 +62,7 @@ def test_a_restart_continues_from_the_newest_checkpoint_whatever_the_command_sai
 def test_a_restart_before_the_first_checkpoint_starts_afresh_whatever_the_command_said(tmp_path, monkeypatch, words):
     _, args, line = restart_of(tmp_path, monkeypatch, words, with_checkpoint=False)
     assert line == "restart 1 of 2 of torchrun abc: no complete checkpoint yet, so the run starts afresh"
-    settings, path = config.settings(args)
+    settings, path = settled(args)
     assert path is None and settings.overwrite and settings.resume is None
 
 

@@ -410,7 +410,7 @@ def saved_run(tmp_path):
 
 
 def _resume(argv):
-    return config.resume_settings(config.parse_args(argv))
+    return resume.resume_settings(config.parse_args(argv), config.PRESETS, config.NOT_CONFIG)
 
 
 def _other_value(action, value):
@@ -426,7 +426,7 @@ def _other_value(action, value):
 
 
 FIXED = [a for a in config.build_parser()._actions
-         if a.option_strings and a.dest not in ("help", "out", *config.NOT_CONFIG, *config.MAY_CHANGE_ON_RESUME)]
+         if a.option_strings and a.dest not in ("help", "out", *config.NOT_CONFIG, *resume.MAY_CHANGE_ON_RESUME)]
 
 
 @pytest.mark.parametrize("action", FIXED, ids=[a.dest for a in FIXED])
@@ -468,7 +468,7 @@ def test_a_checkpoint_from_before_a_setting_was_added_resumes_with_its_presets_v
     value (0: from the free memory), or the one given, which may differ."""
     out, saved = saved_run
     ckpt = out / "checkpoints" / "step_2" / "config.json"
-    ckpt.write_text(json.dumps({k: v for k, v in saved.items() if k not in config.ADDED_SETTINGS}))
+    ckpt.write_text(json.dumps({k: v for k, v in saved.items() if k not in resume.ADDED_SETTINGS}))
     args, _ = _resume(["--resume", "--out", str(out)])
     assert args.hf_kv_budget_gib == config.PRESETS["classroom"]["hf_kv_budget_gib"] == 0.0
     args, _ = _resume(["--resume", "--out", str(out), "--hf_kv_budget_gib", "2"])

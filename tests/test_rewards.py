@@ -4,7 +4,11 @@ import re
 import pytest
 
 import rewards
-from rewards import labels_for, rewards_for, twin
+from rewards import agreement as rewards_for, label_groups, twin
+
+
+def labels_for(*args):
+    return label_groups(*args)[0]
 
 # two questions (P = 2), G = 4; groups 0, 1 are the originals, 2, 3 their rephrasings
 ANSWERS = [
@@ -78,7 +82,9 @@ def test_label_free_diagnostics_by_hand():
         [None, None, None, None],             # 0 distinct
     ]
     rewards = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
-    assert group_diagnostics(answers, rewards) == {"unanimous": 1, "distinct": 5, "zero_variance": 2}
+    assert group_diagnostics(answers) == {"unanimous": 1, "distinct": 5}
+    from grpo import zero_variance
+    assert zero_variance(rewards).tolist() == [True, False, False, True]
 
 
 def test_common_answer_share_by_hand():
@@ -155,7 +161,7 @@ def coreward3_rewards(policy, teacher):
     answers = [[extract_answer(r) for r in g] for g in _responses(policy)]
     teacher_answers = [[extract_answer(r) for r in g] for g in _responses(teacher)]
     labels, voters = label_groups("coreward3", answers, ["?"] * 4, teacher_answers)
-    return labels, METHODS["coreward3"].reward(answers, labels, voters)
+    return labels, METHODS["coreward3"].reward(answers, labels)
 
 
 def test_coreward3_labels_each_view_by_the_teachers_vote_on_the_other_by_hand():
@@ -206,15 +212,14 @@ def test_the_random_reward_is_a_seeded_coin_blind_to_the_answer():
     """`random`: no label; each response's reward a fair coin from its group's seed: the same seed gives the same
     flips whatever the answers, another seed others, and over many groups about half are 1."""
     answers = [["1", "2", None, "4"], ["5", "5", "5", "5"]]
-    labels, voters = rewards.label_groups("random", answers, ["1", "5"], coin_seeds=[11, 12])
-    assert labels == [None, None] and voters == [[11], [12]]
-    flips = rewards.METHODS["random"].reward(answers, labels, voters)
-    assert flips == rewards.METHODS["random"].reward([["9"] * 4, [None] * 4], labels, voters)   # blind to answers
+    labels, voters = rewards.label_groups("random", answers, ["1", "5"])
+    assert labels == [None, None] and voters == [[], []]
+    flips = rewards.METHODS["random"].reward(answers, [11, 12])
+    assert flips == rewards.METHODS["random"].reward([["9"] * 4, [None] * 4], [11, 12])   # blind to answers
+    assert flips != rewards.METHODS["random"].reward(answers, [13, 14])
     assert all(f in (0.0, 1.0) for g in flips for f in g)
-    many = rewards.coin_flip([[None] * 8] * 200, [None] * 200, [[s] for s in range(200)])
+    many = rewards.coin_flip([[None] * 8] * 200, list(range(200)))
     assert 0.45 < sum(map(sum, many)) / 1600 < 0.55 and many[0] != many[1]
-    with pytest.raises(ValueError, match="coin seed"):
-        rewards.label_groups("random", answers, ["1", "5"])
 
 
 def test_self_harmony_labels_both_views_by_the_harmonic_mean_of_their_shares_by_hand():
@@ -233,7 +238,7 @@ def test_self_harmony_labels_both_views_by_the_harmonic_mean_of_their_shares_by_
     assert voters[0] == voters[3] == answers[0] + answers[3]
     assert label_groups("coreward1_union", answers, ["1", "7", "2"] * 2)[0][0] == "6"
     assert 2 * Fraction(1, 4) * Fraction(1, 2) / (Fraction(1, 4) + Fraction(1, 2)) == Fraction(1, 3)
-    assert rewards.METHODS["self_harmony"].reward(answers, labels, voters) == \
+    assert rewards.METHODS["self_harmony"].reward(answers, labels) == \
         [[0, 0, 0, 1], [0] * 4, [1, 1, 0, 0], [1, 1, 0, 0], [0] * 4, [0, 0, 1, 1]]
     # one class as mathematics (0.5, 1/2, 2/4): 1/2 and 1/4 -> 1/3; 'x' 1/4 and 1/2 -> 1/3; the tie to the earlier
     assert harmonic_vote(["1", "0.5", "1/2", "x"] + ["2/4", "x", "x", None]) == "0.5"
@@ -245,7 +250,7 @@ def test_the_matched_controls_keep_coreward1s_reward_rate_and_break_its_link_to_
     agreement rewards shuffled over its responses (the same multiset: 2 of 16 here), seeded; matched_coin a coin per
     response at that rate, 2/16, from each group's seed (over 400 groups of 8 its share is within 0.05 of the rate).
     wrong_label labels each question with its gold answer plus one: '5' -> '6', and no response that is right wins."""
-    from rewards import METHODS, label_groups, matched_coin, permuted, rewards_for, wrong_answer
+    from rewards import METHODS, label_groups, matched_coin, permuted, wrong_answer
     labels, _ = label_groups("permuted", ANSWERS, GOLD)
     assert labels == labels_for("coreward1", ANSWERS, GOLD) == ["5", "7", "3", "8"]
     agree = rewards_for(ANSWERS, labels)
@@ -258,4 +263,4 @@ def test_the_matched_controls_keep_coreward1s_reward_rate_and_break_its_link_to_
     assert METHODS["matched_coin"].two_view and METHODS["permuted"].two_view
     assert [wrong_answer(g) for g in ("5", "-3", "\\frac12")] == ["6", "-2", "(\\frac12)+1"]
     labels, voters = label_groups("wrong_label", [["5", "6", None, "6"]], ["5"])
-    assert labels == ["6"] and METHODS["wrong_label"].reward([["5", "6", None, "6"]], labels, voters) == [[0, 1, 0, 1]]
+    assert labels == ["6"] and METHODS["wrong_label"].reward([["5", "6", None, "6"]], labels) == [[0, 1, 0, 1]]

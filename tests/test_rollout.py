@@ -11,9 +11,13 @@ from transformers import AutoTokenizer
 from harness import world
 from harness.logprobs import token_logprobs
 from harness import weightcheck
+from config import PRESETS
 from rollout import SEED_STRIDE, make_engine, request_seed
 
 TOL = 1e-4
+# the classroom's engine settings (train.py passes the run's)
+ENGINE = {name: PRESETS["classroom"][name] for name in ("dtype", "cpu_kv_cache_gib", "gpu_memory_utilization",
+                                                        "hf_kv_budget_gib")}
 BOTH_ENGINES = [pytest.param("vllm", marks=pytest.mark.vllm), "hf"]
 
 
@@ -36,7 +40,7 @@ def _trainer_logprobs(model, sample, temperature):
 
 @pytest.mark.parametrize("backend", BOTH_ENGINES)
 def test_sampler_logprobs_match_trainer_after_sync(tiny_model_dir, backend):
-    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=16)
+    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=16, **ENGINE)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:3]]
     seeds = [request_seed(0, "policy", 1, i) for i in range(len(prompts))]
@@ -60,7 +64,7 @@ def test_sampler_logprobs_match_trainer_after_sync(tiny_model_dir, backend):
 
 
 def test_requests_the_engines_cannot_serve_are_refused(tiny_model_dir):
-    engine = make_engine("hf", tiny_model_dir, max_prompt_len=8, max_response_len=4)
+    engine = make_engine("hf", tiny_model_dir, max_prompt_len=8, max_response_len=4, **ENGINE)
     with pytest.raises(ValueError, match="exceed the prompt limit of 8 tokens"):
         engine.generate([[1] * 5, [1] * 9], n=1, temperature=1.0, max_tokens=4, seeds=[0, SEED_STRIDE])
     with pytest.raises(ValueError, match=r"a sampled request \(temperature > 0\) needs seeds"):
@@ -107,7 +111,7 @@ def test_the_texts_are_those_of_vllms_own_detokenizer(tiny_model_dir):
     """VLLMEngine samples without detokenizing and decodes afterwards (rollout.response_texts), to the
     texts vLLM would have given: a random model's responses put any word, space and punctuation mark
     anywhere."""
-    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=24)
+    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=24, **ENGINE)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:8]]
     seeds = [request_seed(2, "policy", 1, i) for i in range(8)]
@@ -124,7 +128,7 @@ def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, ba
     """Each request samples from streams of its own seed: a share of the prompts, in another order,
     gets what the whole batch got, and so does a fresh engine (what an engine sampled before does
     not matter: a resumed run starts a new one); other seeds get other responses."""
-    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=12)
+    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=12, **ENGINE)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:6]]
     seeds = [request_seed(5, "policy", 3, i) for i in range(6)]
@@ -138,15 +142,15 @@ def test_a_seeded_prompt_gets_the_same_responses_in_any_batch(tiny_model_dir, ba
     assert other != whole
     engine.close()
     if backend == "hf":
-        assert sample(make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=12), [5, 0]) == \
-            [whole[5], whole[0]]
+        engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=12, **ENGINE)
+        assert sample(engine, [5, 0]) == [whole[5], whole[0]]
 
 
 def test_kv_bytes_per_token_by_hand():
     """Qwen3-4B in bf16: 36 layers x 8 KV heads x 128 x (K, V) x 2 bytes; the classroom model in fp32: 4 x 2 x 32 x
     2 x 4."""
     from transformers import Qwen3Config
-    from rollout import kv_bytes_per_token
+    from harness.hf_batches import kv_bytes_per_token
     qwen3_4b = Qwen3Config(vocab_size=151_936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
                            num_attention_heads=32, num_key_value_heads=8, head_dim=128)
     assert kv_bytes_per_token(qwen3_4b, torch.bfloat16) == 147_456
@@ -154,9 +158,9 @@ def test_kv_bytes_per_token_by_hand():
 
 
 # MKL's sgemm on a CPU with AMX sums a row of a product otherwise as the product's rows change, in one thread too
-# (an Intel Xeon with AMX, 2026-12-06): the premise of rollout.GEMM_ROWS, measured without AMX, does not hold there.
+# (an Intel Xeon with AMX, 2026-12-06): the premise of hf_batches.GEMM_ROWS, measured without AMX, does not hold there.
 AMX = os.path.exists("/proc/cpuinfo") and " amx_tile" in open("/proc/cpuinfo").read()
-NOT_ON_AMX = pytest.mark.skipif(AMX, reason="rollout.GEMM_ROWS's premise does not hold for MKL's sgemm with AMX")
+NOT_ON_AMX = pytest.mark.skipif(AMX, reason="hf_batches.GEMM_ROWS's premise does not hold for MKL's sgemm with AMX")
 
 
 @NOT_ON_AMX
@@ -165,7 +169,7 @@ def test_the_prompts_last_logits_are_those_of_the_whole_forward(tiny_model_dir):
     those of the forward that computes every position's, whatever the number of prompts. Keeping 1 position, a
     forward of 1-3 prompts sums the output layer otherwise (the premise of GEMM_ROWS: MKL's sgemm)."""
     from transformers import AutoModelForCausalLM
-    from rollout import GEMM_ROWS
+    from harness.hf_batches import GEMM_ROWS
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     ids = torch.randint(1, 1000, (5, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -183,12 +187,12 @@ def test_a_request_in_chunks_samples_what_it_samples_in_one_batch(threads):
     In one thread, every token and log-prob is that of the request in one batch, bit for bit, up to the step where
     fewer than GEMM_ROWS of its 128 rows still sample (if it comes: the one batch computes those in a product of 1-3
     rows, the chunks with riders); the rows that end before it are the same whole. Most responses end early, so
-    each chunk's batch shrinks to its riders (HFEngine.generate_chunk) long before the whole request's does. In two
+    each chunk's batch shrinks to its riders (HFEngine.decode) long before the whole request's does. In two
     threads, the CPU kernels (MKL's sgemm, the attention) split a batch by its size, and a row's log-probs differ
     in the last bits: the tokens are the same."""
     from harness import data
-    from rollout import GEMM_ROWS
-    engine = make_engine("hf", world.base_model_dir(), max_prompt_len=64, max_response_len=48)
+    from harness.hf_batches import GEMM_ROWS, prompts_per_chunk
+    engine = make_engine("hf", world.base_model_dir(), max_prompt_len=64, max_response_len=48, **ENGINE)
     encode = data.prompt_encoder(engine.tokenizer, classroom=True)
     prompts = [encode(pair.original) for pair in data.classroom_pairs("train")[:16]]
     seeds = [request_seed(0, "policy", 1, i) for i in range(16)]
@@ -203,7 +207,8 @@ def test_a_request_in_chunks_samples_what_it_samples_in_one_batch(threads):
         assert sampling[24] < 8 * 16 / 4                                             # most have ended by token 24
         for chunk in (1, 3):
             engine.kv_budget_gib = (chunk + 0.5) * one_prompt / 2**30
-            assert engine.prompts_per_chunk(8, max(map(len, prompts)), 48) == chunk
+            assert prompts_per_chunk(8, max(map(len, prompts)), 48, engine.token_bytes, engine.kv_budget_gib,
+                                     engine.device) == chunk
             chunked = flat(engine.generate(prompts, 8, 1.0, 48, seeds=seeds))
             assert [(ids, text, finished) for ids, _, text, finished in chunked] == \
                 [(ids, text, finished) for ids, _, text, finished in whole]
@@ -227,7 +232,7 @@ def test_seeded_prompts_longer_than_one_scheduler_step(tiny_model_dir):
     split over scheduler steps; seeded sampling must still work (on a CPU, vLLM cannot rewind a
     request's generator after a split prompt, so the engine does not split them) and give each
     prompt the responses it gets alone."""
-    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=220, max_response_len=8)
+    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=220, max_response_len=8, **ENGINE)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 200, (200,), generator=g).tolist() for _ in range(16)]
     seeds = [request_seed(3, "eval", 0, i) for i in range(16)]
@@ -269,7 +274,7 @@ def test_a_load_that_misses_a_tensor_or_lands_wrong_is_reported(dist_world, tiny
     """VLLMEngine.load_weights says what is wrong: a tensor of the checkpoint not sent, or a parameter
     whose bits read back from the engine differ from what was sent; a whole, faithful load says nothing."""
     from transformers import AutoModelForCausalLM
-    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=8)
+    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=8, **ENGINE)
     state = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     assert engine.load_weights(state.items()) is None
     dropped = "model.layers.1.self_attn.q_proj.weight"      # fused into qkv_proj by vLLM: no name of its own there
@@ -310,7 +315,7 @@ def test_a_response_ends_at_the_generation_configs_eos_too(tiny_model_dir, tmp_p
     import json
     import shutil
     from rollout import end_tokens
-    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=8)
+    engine = make_engine(backend, tiny_model_dir, max_prompt_len=64, max_response_len=8, **ENGINE)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompt = tok(world.format_prompt(world.make_split("test")[0].original))["input_ids"]
     first = engine.generate([prompt], n=1, temperature=0.0, max_tokens=8)[0][0]
@@ -321,7 +326,7 @@ def test_a_response_ends_at_the_generation_configs_eos_too(tiny_model_dir, tmp_p
     config = json.loads((folder / "generation_config.json").read_text())
     (folder / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": [0, first.token_ids[0]]}))
     assert end_tokens(str(folder), tok) == sorted({tok.eos_token_id, 0, first.token_ids[0]})
-    engine = make_engine(backend, str(folder), max_prompt_len=64, max_response_len=8)
+    engine = make_engine(backend, str(folder), max_prompt_len=64, max_response_len=8, **ENGINE)
     ended = engine.generate([prompt], n=1, temperature=0.0, max_tokens=8)[0][0]
     engine.close()
     assert ended.token_ids == first.token_ids[:1] and ended.finished
@@ -332,18 +337,18 @@ def test_the_engine_arguments_on_a_cpu_and_on_a_gpu():
     """One function builds vLLM's arguments; they differ in the KV cache's size, sleep mode, eager
     execution, chunked prefill and batch limits, and agree in the rest (the external launcher, the
     sampler's log-probs, no sampling defaults from the model folder)."""
-    from rollout import engine_arguments
+    from harness.vllm_setup import engine_arguments
     common = dict(model="m", dtype="bfloat16", seed=0, max_model_len=512 + 3072, generation_config="vllm",
                   logprobs_mode="processed_logprobs", distributed_executor_backend="external_launcher",
                   use_tqdm_on_load=False)
-    assert engine_arguments("m", 512, 3072, "bfloat16", on_gpu=True, gpu_memory_utilization=0.75) == \
+    assert engine_arguments("m", 512, 3072, "bfloat16", True, 0.75, 2.0) == \
         {**common, "gpu_memory_utilization": 0.75, "enable_sleep_mode": True, "max_num_seqs": 256,
          "max_num_batched_tokens": 8192}
-    assert engine_arguments("m", 512, 3072, "bfloat16", on_gpu=False, cpu_kv_cache_gib=2.0) == \
+    assert engine_arguments("m", 512, 3072, "bfloat16", False, 0.75, 2.0) == \
         {**common, "enforce_eager": True, "kv_cache_memory_bytes": 2 * 2**30, "enable_chunked_prefill": False,
          "max_num_batched_tokens": 3584}                    # a whole sequence fits: no chunked prefill on a CPU
-    assert engine_arguments("m", 64, 48, "float32", on_gpu=False)["max_num_batched_tokens"] == 2048   # vLLM's
-    assert engine_arguments("m", 10000, 48, "float32", on_gpu=True)["max_num_batched_tokens"] == 10000
+    assert engine_arguments("m", 64, 48, "float32", False, 0.75, 2.0)["max_num_batched_tokens"] == 2048   # vLLM's
+    assert engine_arguments("m", 10000, 48, "float32", True, 0.75, 2.0)["max_num_batched_tokens"] == 10000
 
 
 def test_a_sleeping_engine_wakes_its_weights_for_the_load_and_its_kv_cache_after():
@@ -499,7 +504,8 @@ def _stand_in_engine(monkeypatch, tmp_path, repacked=(), kernel=None):
     monkeypatch.setitem(sys.modules, "vllm.config", vllm_config)
     for variable in ("RANK", "LOCAL_RANK"):                    # VLLMEngine sets them for vLLM's launcher
         monkeypatch.setenv(variable, os.environ.get(variable, "0"))
-    return rollout.VLLMEngine(str(tmp_path), max_prompt_len=8, max_response_len=8)
+    return rollout.VLLMEngine(str(tmp_path), 8, 8, ENGINE["dtype"], ENGINE["gpu_memory_utilization"],
+                              ENGINE["cpu_kv_cache_gib"])
 
 
 def test_the_checkpoint_tensors_each_engine_parameter_is_made_of():
@@ -667,7 +673,7 @@ def test_the_cpu_engine_says_what_it_reads_back(dist_world, tiny_model_dir):
     16% of its bytes, and the 16 linear weights through their kernel; N whole loads report nothing, and a single
     weight of a linear layer that the kernel runs otherwise than sent is reported within N loads."""
     from transformers import AutoModelForCausalLM
-    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=8)
+    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=8, **ENGINE)
     readback = engine.check.readback
     linear = {f"model.layers.{layer}.{name}.weight" for layer in range(4)
               for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}

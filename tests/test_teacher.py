@@ -6,10 +6,17 @@ import torch
 
 from harness import world
 from harness.logprobs import token_logprobs
-from rewards import METHODS, labels_for, negative_entropy, self_certainty
+from rewards import METHODS, label_groups, negative_entropy, self_certainty
+
+
+def labels_for(*args):
+    return label_groups(*args)[0]
 from rollout import make_engine, request_seed
 from harness.sharding import gather_full_weights, shard
 from teacher import ema_alpha, ema_decay, ema_update, teacher_rollout
+import config
+
+EMA = config.PRESETS["classroom"]["ema_start"], config.PRESETS["classroom"]["ema_end"]     # --ema_start, --ema_end
 
 
 def test_ema_update_by_hand(dist_world):
@@ -40,12 +47,14 @@ def test_ema_update_on_sharded_models(dist_world, tiny_model_dir):
 
 
 def test_cosine_schedule():
-    assert ema_decay(0, 100) == pytest.approx(0.99)
-    assert ema_decay(50, 100) == pytest.approx((0.99 + 0.9999) / 2)
-    assert ema_decay(100, 100) == pytest.approx(0.9999)
-    assert ema_decay(25, 100) == pytest.approx(0.9999 - 0.0099 * (1 + math.cos(math.pi / 4)) / 2)
-    assert ema_decay(100, 100, end=0.99999) == pytest.approx(0.99999)
-    values = [ema_decay(s, 100) for s in range(101)]
+    """The paper's schedule (Eq. 11), both presets': from 0.99 to 0.9999."""
+    assert EMA == (config.PRESETS["official"]["ema_start"], config.PRESETS["official"]["ema_end"]) == (0.99, 0.9999)
+    assert ema_decay(0, 100, *EMA) == pytest.approx(0.99)
+    assert ema_decay(50, 100, *EMA) == pytest.approx((0.99 + 0.9999) / 2)
+    assert ema_decay(100, 100, *EMA) == pytest.approx(0.9999)
+    assert ema_decay(25, 100, *EMA) == pytest.approx(0.9999 - 0.0099 * (1 + math.cos(math.pi / 4)) / 2)
+    assert ema_decay(100, 100, 0.99, 0.99999) == pytest.approx(0.99999)
+    values = [ema_decay(s, 100, *EMA) for s in range(101)]
     assert values == sorted(values)
 
 
@@ -55,10 +64,10 @@ def test_the_ema_weight_of_each_step_is_the_official_one():
     official = lambda s, T: 1e-4 + 0.5 * (0.01 - 1e-4) * (1 + math.cos(math.pi * max(0, min(s, T)) / T))
     # cos(pi / 60) = 0.9986295347545738: 1e-4 + 0.00495 x 1.9986295347545738; at 30: 1e-4 + 0.00495
     for step, expected in [(1, 0.009993216197035), (30, 0.00505), (59, 0.000106783802965)]:
-        assert ema_alpha(step, 60) == pytest.approx(expected, abs=1e-15)
-        assert ema_alpha(step, 60) == pytest.approx(official(step, 60), abs=1e-15)
-    assert ema_alpha(60, 60) == 0.0                  # the policy after the last step: no step samples from it
-    assert all(ema_alpha(s, 330) == pytest.approx(official(s, 330), abs=1e-15) for s in range(330))
+        assert ema_alpha(step, 60, *EMA) == pytest.approx(expected, abs=1e-15)
+        assert ema_alpha(step, 60, *EMA) == pytest.approx(official(step, 60), abs=1e-15)
+    assert ema_alpha(60, 60, *EMA) == 0.0            # the policy after the last step: no step samples from it
+    assert all(ema_alpha(s, 330, *EMA) == pytest.approx(official(s, 330), abs=1e-15) for s in range(330))
 
 
 @pytest.mark.vllm
@@ -72,7 +81,9 @@ def test_the_teacher_samples_the_teacher_rollout(dist_world, tiny_model_dir):
     with torch.no_grad():
         for p in teacher.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=12)
+    from config import PRESETS
+    engine = make_engine("vllm", tiny_model_dir, max_prompt_len=64, max_response_len=12, **{name: PRESETS["classroom"][
+        name] for name in ("dtype", "cpu_kv_cache_gib", "gpu_memory_utilization", "hf_kv_budget_gib")})
     tok = world.build_tokenizer()
     prompts = [tok(world.format_prompt(p.original))["input_ids"] for p in world.make_split("test")[:2]]
 

@@ -204,10 +204,11 @@ def test_the_ema_moves_the_teacher_alpha_of_the_way_to_the_policy(walkthrough):
     blocks, _ = walkthrough
     alphas = [float(a) for a in find(blocks, "ema", r"^alpha after steps .*?: (.*)$")[0].split(", ")]
     steps = CLASSROOM["steps"]
-    assert alphas == [float(num(ema_alpha(s, steps), 6)) for s in (1, steps // 2, steps - 1, steps)]
+    ema = CLASSROOM["ema_start"], CLASSROOM["ema_end"]
+    assert alphas == [float(num(ema_alpha(s, steps, *ema), 6)) for s in (1, steps // 2, steps - 1, steps)]
     assert alphas == sorted(alphas, reverse=True) and alphas[-1] == 0          # none after the last step
     alpha = float(find(blocks, "ema", rf"^alpha after step 1 = 1 - decay\(1 / {steps}\) = (\S+)$")[0])
-    assert alpha == pytest.approx(ema_alpha(1, steps), rel=1e-3)
+    assert alpha == pytest.approx(ema_alpha(1, steps, *ema), rel=1e-3)
     values = find(blocks, "ema", r"teacher (\S+)  policy (\S+)  teacher after (\S+)$")
     teacher, policy, after = (float(x) for x in values)
     before_update, after_update = (float(x) for x in find(blocks, "update", r": (\S+) -> (\S+) \(change"))

@@ -97,7 +97,9 @@ def main():
     problems, rng = world.make_split("warmup"), random.Random(args.seed)
     checked = world.make_split("train")[:args.check_questions]
     prompts, gold = [encode(p.original) for p in checked], [p.answer for p in checked]
-    engine = make_engine(config.choose_backend(args.backend)[0], args.model, max(map(len, prompts)), args.max_tokens)
+    classroom = config.PRESETS["classroom"]                 # the engine's settings: the classroom's
+    engine = make_engine(config.choose_backend(args.backend)[0], args.model, max(map(len, prompts)), args.max_tokens,
+                         **{k: classroom[k] for k in ("dtype", *("cpu_kv_cache_gib", "gpu_memory_utilization", "hf_kv_budget_gib"))})
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     history = []
     for step in range(args.max_steps + 1):

@@ -158,7 +158,8 @@ def main(argv=None):
     chat, encode = chat_encoder(tokenizer), data.prompt_encoder(tokenizer, classroom=False)
     longest = max(len(chat(INSTRUCTION.format(question=q))) for q in questions)
     engine = make_engine(args.backend, model_dir, max_prompt_len=longest + args.max_tokens,
-                         max_response_len=max(args.max_tokens, args.answer_tokens), dtype=args.dtype)
+                         max_response_len=max(args.max_tokens, args.answer_tokens), dtype=args.dtype,
+                         **{k: config.PRESETS["classroom"][k] for k in ("cpu_kv_cache_gib", "gpu_memory_utilization", "hf_kv_budget_gib")})
     kept = rephrase(engine, chat, encode, questions, args.temperature, args.max_tokens, args.check_answers,
                     args.answer_temperature, args.answer_tokens, args.seed)
     engine.close()
