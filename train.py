@@ -356,6 +356,10 @@ def train(args, resume_from, restart, inputs, rank, world_size, device):
             checkpoint.save_final(models.policy, model_dir, tokenizer, args.out, rank, args.preset)
             if rank == 0 and (line := log.learned(args.eval_k, time.perf_counter() - began, start)):
                 print(line, flush=True)
+    except BaseException:
+        if world_size == 1:       # a run of one stopped by an error gives its engine back (a process may start another
+            models.engine.close()  # run); with other ranks, the launcher ends them all
+        raise
     finally:
         signals.restore()
         log.wandb.finish()
