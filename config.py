@@ -17,7 +17,7 @@ import torch
 
 from grpo import (ADVANTAGE_STDS, GROUP_FILTERS, LOSS_AGGS, OVERLONGS, POLICY_LOSS_SETTINGS, POLICY_LOSSES,
                   ROLLOUT_CORRECTIONS)
-from harness import checkpoint
+from harness import checkpoint, runfolder
 from harness.errors import refuse
 from harness.resume import LATEST, renamed
 from rewards import METHODS
@@ -117,7 +117,8 @@ PRESET_TABLE = [
      "token_mean (DAPO), seq_mean_token_mean (GRPO's), seq_mean_token_sum_norm (Dr. GRPO: sums over sequences x "
      "--max_response_len)"),
     ("advantage_std",              "group",       "group",       ADVANTAGE_STDS,
-     "the advantages' divisor: group (the group's std), batch (the step's), none (Dr. GRPO: r - mean alone)"),
+     "the advantages' divisor: group (the group's std), batch (the step's), none (Dr. GRPO: r - mean alone); given: "
+     "the method's rewards are its advantages (restrain)"),
     ("clip_high",                  None,          None,          float,
      "the upper clip ε_high, above --clip_eps for DAPO's clip-higher (none: --clip_eps)"),
     ("overlong",                   "none",        "none",        OVERLONGS,
@@ -131,6 +132,9 @@ PRESET_TABLE = [
     ("rephrase_noise",             0.0,           0.0,           float,
      "a control: this share of the training pairs gets another question's rephrasing, seeded by --seed and fixed for "
      "the run (data.mismatch_rephrasings)"),
+    ("replay",                     None,          None,          str,
+     "a control's source: the folder of a run (same seed, data and batch) whose rewards --method matched_coin replays, "
+     "group by group and step by step (its metrics.jsonl's group_rewards)"),
     ("cpu_kv_cache_gib",           0.25,          2.0,           float,
      "vLLM's KV cache on a CPU"),
     ("hf_kv_budget_gib",           0.0,           0.0,           float,
@@ -360,6 +364,14 @@ def check_settings(args, world_size):
     if method.two_view and args.views != "both":
         refuse(f"--method {args.method} labels each question's responses with its rephrasing's vote: it needs "
                f"--views both, not --views {args.views}")
+    if (args.method == "matched_coin") != (args.replay is not None):
+        refuse(f"--method matched_coin replays the rewards of the run given by --replay, and no other method takes one "
+               f"(--method {args.method}, --replay {args.replay})")
+    if (args.advantage_std == "given") != (args.method == "restrain"):
+        refuse(f"--advantage_std given trains on the advantages a method computes itself, as --method restrain does and "
+               f"needs (--method {args.method}, --advantage_std {args.advantage_std})")
+    if args.replay is not None:
+        runfolder.check_replay(args.replay, vars(args))
     if args.teacher_prompts == "rephrased" and (method.teacher is None or args.views != "original"):
         teachers = ", ".join(name for name, m in METHODS.items() if m.teacher is not None)
         refuse(f"--teacher_prompts rephrased has the EMA teacher answer the rephrasings of the original questions "

@@ -16,9 +16,8 @@ settings (its tokens: the training limit; the paper states none), beside Table 8
     python eval.py --model runs/coreward1-Qwen3-4B-Base/final --paper   # the paper's Table 8 metrics
 
 A model is evaluated as its training evaluated it: a flag left out takes its setting's value in the preset of the
-model's run (`preset_of`; --paper: the official preset). Benchmarks: `classroom` and harness/data.py's math500, gsm8k,
-amc, amc23, aime24, aime25, math5000. Writes results.md and results.json to --out (`default_out`), keeping those
-there unless --overwrite. A training checkpoint is first written out as a temporary model folder (checkpoint.to_hf).
+model's run (`preset_of`). Benchmarks: `classroom` and harness/data.py's math500, gsm8k, amc, amc23, aime24, aime25,
+math5000. A training checkpoint is first written out as a temporary model folder (checkpoint.to_hf).
 """
 import argparse
 import hashlib
@@ -34,8 +33,7 @@ from harness import checkpoint, data, world
 from harness.errors import FolderInUse, exit_on_usage_error
 from harness.answers import extract_answer, is_equiv, majority_vote
 
-# eval.py's flags that are a training setting, each defaulting to its setting's value in the model's preset
-# (preset_of): (flag, setting, argparse options, help).
+# (flag, setting, argparse options, help): eval.py's flags that default to their setting's value in the model's preset
 AS_IN_TRAINING = [
     ("benchmarks", "eval_data", {}, "comma-separated benchmark names"),
     ("k", "eval_k", dict(type=int), "samples per question beside the greedy one (0: greedy only)"),
@@ -62,9 +60,7 @@ def pass_at_k(n, c, k):
         raise ValueError(f"pass@k needs 1 <= k <= n (k of the n samples), got k={k}, n={n}")
     if not 0 <= c <= n:
         raise ValueError(f"pass@k needs 0 <= c <= n (c right of the n samples), got c={c}, n={n}")
-    if n - c < k:                              # every k of the n include a right one
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+    return 1.0 if n - c < k else 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 def pass_ks(k):
@@ -73,12 +69,11 @@ def pass_ks(k):
 
 
 def eval_counts(engine, prompt_ids, gold, k, temperature, max_tokens, seed, indices=None, keep=0, tally=None):
-    """(sums, examples) over this share of the questions; sums, not means, so that ranks' shares add up: "n", "greedy",
-    "avg", "maj", "boxed" and, when k > 0, "pass" (pass@k) and "pass@j" for j in pass_ks(k). examples: the first
-    `keep` questions' greedy response and first sample, with answer, gold and 0/1 reward (samples.jsonl). `tally`, a
-    list, gets each question's [right ones of the k samples, greedy right (0/1)] (eval.py --per_question).
-    Question i (`indices`: places in the benchmark, default 0, 1, ...) samples with rollout.request_seed(seed, "eval",
-    0, i), without the step: evaluations differ by the model alone, and a share gives what the whole would."""
+    """(sums, examples) over this share of the questions; sums, not means, so that ranks' shares add up. examples: the
+    first `keep` questions' greedy response and first sample, with answer, gold and 0/1 reward (samples.jsonl). `tally`,
+    a list, gets each question's [right ones of the k samples, greedy right (0/1)] (eval.py --per_question). Question i
+    (`indices`: places in the benchmark, default 0, 1, ...) samples with rollout.request_seed(seed, "eval", 0, i),
+    without the step: evaluations differ by the model alone, and a share gives what the whole would."""
     from rollout import request_seed
     indices = range(len(prompt_ids)) if indices is None else indices
     seeds = [request_seed(seed, "eval", 0, i) for i in indices]
@@ -89,8 +84,7 @@ def eval_counts(engine, prompt_ids, gold, k, temperature, max_tokens, seed, indi
     if k:                   # the same keys on every rank: harness.sharding.all_sum adds them up
         sums.update({"pass": 0.0, **{f"pass@{j}": 0.0 for j in pass_ks(k)}})
     for place, (i, g, group, answer) in enumerate(zip(indices, greedy, sampled, gold)):
-        answers = [extract_answer(s.text) for s in group]
-        first = extract_answer(g[0].text)
+        answers, first = [extract_answer(s.text) for s in group], extract_answer(g[0].text)
         sums["greedy"] += is_equiv(first, answer)
         sums["boxed"] += sum(a is not None for a in [first] + answers)
         right = sum(is_equiv(a, answer) for a in answers)
@@ -121,8 +115,7 @@ def accuracies(sums, k):
 
 
 def benchmark_prompts(tokenizer, name, limit=None, max_prompt_len=None, prompt="official"):
-    """Prompt ids and gold answers of a benchmark ('classroom' or one of data.BENCHMARKS) in the training prompt
-    format (data.PROMPTS[prompt]); with max_prompt_len, longer prompts are dropped and counted."""
+    """Prompt ids and gold answers of a benchmark ('classroom' or in data.BENCHMARKS) in the training prompt format."""
     encode = data.prompt_encoder(tokenizer, name == "classroom", prompt)
     if name == "classroom":
         pairs = [(encode(p.original), p.answer) for p in data.classroom_pairs("test")[:limit]]
@@ -154,16 +147,14 @@ def paper_lines(results):
 
 
 def default_out(model):
-    """runs/eval/NAME: the model's path (`/` as `_`) and 8 hex digits of a hash of its absolute path, so that
-    `runs/a/final` and `runs/b/final` get folders of their own, and the same model always the same folder."""
+    """runs/eval/ + the model's path (`/` as `_`) + a hash of its absolute path: a folder per model, always the same."""
     path = os.path.abspath(model)
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.normpath(model)).strip("._") or "model"
     return os.path.join("runs", "eval", f"{readable[-80:]}-{hashlib.sha1(path.encode()).hexdigest()[:8]}")
 
 
 def preset_of(model):
-    """The preset of `model`'s training, whose settings eval.py takes: a checkpoint's run's (its config.json), the
-    classroom base model's classroom, else config.preset_of's (a run's model folder: its run's; any other: official)."""
+    """The preset of `model`'s training: a checkpoint's run's, classroom for the base model, else config.preset_of's."""
     if checkpoint.is_checkpoint(model):
         return checkpoint.read_config(model).get("preset", "classroom")
     base = os.path.realpath(os.path.expanduser(model)) == os.path.realpath(world.BASE_DIR)
@@ -203,16 +194,15 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    model = args.model
-    out = args.out or default_out(model)
+    out = args.out or default_out(args.model)
     if os.path.exists(os.path.join(out, "results.json")) and not args.overwrite:
         raise FolderInUse(f"{out} already holds results (results.json); pass --overwrite to replace them, or --out "
                           f"another folder. Nothing was run")
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = checkpoint.to_hf(model, tmp) if checkpoint.is_checkpoint(model) else model
+        model_dir = checkpoint.to_hf(args.model, tmp) if checkpoint.is_checkpoint(args.model) else args.model
         results = evaluate_model(model_dir, args)
     table = markdown_table(results, args.k)
-    print(f"\n{model}, k={args.k}, temperature {args.temperature}, max_tokens {args.max_tokens}\n\n{table}")
+    print(f"\n{args.model}, k={args.k}, temperature {args.temperature}, max_tokens {args.max_tokens}\n\n{table}")
     if args.paper:
         paper = "The paper's metrics (%), beside its Table 8 (Qwen3-4B-Base on OpenRS):\n\n" + paper_lines(results)
         print(f"\n{paper}")
@@ -221,8 +211,7 @@ def main(argv=None):
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"model": model, **{k: v for k, v in vars(args).items() if k != "model"}, "results": results}, f,
-                  indent=1)
+        json.dump({**vars(args), "results": results}, f, indent=1)   # the model first: --model is the first flag
     print(f"wrote {out}/results.md and results.json")
     return results
 
@@ -234,15 +223,13 @@ def evaluate_model(model_dir, args):
     model_dir = checkpoint.model_folder_for_all_ranks(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sets = {name: benchmark_prompts(tokenizer, name, args.limit, prompt=args.prompt) for name in args.benchmarks}
-    longest = max(len(p) for prompts, _ in sets.values() for p in prompts)
-    preset = config.PRESETS[args.preset]
+    longest, preset = max(len(p) for prompts, _ in sets.values() for p in prompts), config.PRESETS[args.preset]
     engine = make_engine(args.backend, model_dir, max_prompt_len=longest, max_response_len=args.max_tokens,
                          dtype=args.dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                          cpu_kv_cache_gib=preset["cpu_kv_cache_gib"], hf_kv_budget_gib=preset["hf_kv_budget_gib"])
     results = {}
     for name, (prompts, gold) in sets.items():
-        t0 = time.perf_counter()
-        tally = [] if args.per_question else None
+        t0, tally = time.perf_counter(), ([] if args.per_question else None)
         sums, _ = eval_counts(engine, prompts, gold, args.k, args.temperature, args.max_tokens, args.seed, tally=tally)
         results[name] = {"n": len(gold), **accuracies(sums, args.k), "seconds": round(time.perf_counter() - t0, 1)}
         print(f"{name}: {results[name]}")

@@ -205,6 +205,7 @@ ADVANTAGE_STD_TABLE = [
     ("group",        group_std),   # GRPO       norm_adv_by_std_in_grpo=True   scale_rewards="group"
     ("batch",        batch_std),   #                                           scale_rewards="batch"
     ("none",         unit_scale),  # Dr. GRPO   norm_adv_by_std_in_grpo=False  scale_rewards="none"
+    ("given",        None),        # RESTRAIN: the method's rewards are its advantages (rewards.restrain)
 ]
 ADVANTAGE_STDS = dict(ADVANTAGE_STD_TABLE)
 
@@ -213,6 +214,8 @@ def group_advantages(rewards, eps=1e-6, scale=group_std):
     """rewards [P, G] -> advantages [P, G]: (r - the group's mean) / scale (ADVANTAGE_STD_TABLE), by default the
     group's std + eps. A group whose rewards are all equal gets zeros, exactly: tested for, not computed, as the
     float32 mean of equal non-dyadic rewards can miss them by a rounding, which eps alone would blow up to |A| ~ 2."""
+    if scale is None:                       # --advantage_std given: the method computed them
+        return rewards
     if rewards.shape[-1] < 2:
         raise ValueError(f"groups of {rewards.shape[-1]} response(s): advantages normalise within a group of ≥ 2")
     mean = rewards.mean(-1, keepdim=True)

@@ -23,12 +23,16 @@ label source, LABEL_SOURCES):
                                blind to the answer (`random`, the control of Spurious Rewards, Shao et al. 2025)
     a wrong answer             the gold answer plus one: a label consistently wrong (`wrong_label`, a control)
 
-Two more controls keep Co-rewarding-I's labels and break their link to the responses, at its reward rate:
-`matched_coin` gives each response a coin that lands 1 at the share of coreward1's rewards, `permuted` shuffles
-coreward1's rewards over the responses (both over a rank's groups of the step, seeded by their coin seeds).
+Two more controls break the link of Co-rewarding-I's rewards to the responses and keep their number: `matched_coin`
+replays a coreward1 run of the same seed (`--replay RUN`), giving each group as many 1s as that run's group of the same
+question and view had at that step, at places drawn by the group's coin seed; `permuted` shuffles its own coreward1
+rewards over a rank's responses of the step (seeded by the first group's coin seed).
 
 A vote over both views takes the original's answers first, then the rephrasing's, for either group, so that the tie
 rule (majority_vote, harness/answers.py: the class whose first member came first) gives the two groups one label.
+
+RESTRAIN (`restrain`, Yu et al. 2025) weighs every answer of the group's own vote by its share, penalises every
+response of a group without consensus, and weighs each prompt by the start model's consistency on it (`restrain`).
 
 Two baselines need no answer (label source None): a response's reward is its token mean of a value of the policy's
 distribution (grpo.score_responses): KL(Uniform || p) for `self_certainty` (Intuitor), -entropy for `entropy` (RENT).
@@ -36,7 +40,7 @@ distribution (grpo.score_responses): KL(Uniform || p) for `self_certainty` (Intu
 A step's groups come as one flat list: [0, P) the original questions and, when the run samples both views
 (`--views both`: always for the methods labelled by the other view), [P, 2P) their rephrasings, so group i's twin is
 `twin(i) = (i + P) mod 2P`. The other methods train on the originals only by default, as the official scripts do;
-with both views they treat the two as independent questions. The teacher's groups come in the order of its prompts.
+with both views they label the two as independent questions, and train on J(q) + J(q') too. The teacher's groups come in the order of its prompts.
 
 A new reward is one function beside `agreement` or `self_certainty` (Method.reward: what it takes), and a row.
 
@@ -51,7 +55,9 @@ from typing import Callable
 
 import torch
 
+from grpo import group_advantages
 from harness.answers import answer_class_indices, is_equiv, majority_vote
+from harness.errors import InputError
 
 
 # --------------------------------------------------------------------------------------------
@@ -63,11 +69,14 @@ def agreement(answers, labels):
             for group, label in zip(answers, labels)]
 
 
-def matched_coin(answers, labels, seeds):
-    """[groups][G] rewards in {0, 1}: a coin per response that lands 1 at the given groups' agreement rate."""
-    rate = sum(map(sum, agreement(answers, labels))) / sum(map(len, answers))
-    return [(torch.rand(len(group), generator=torch.Generator().manual_seed(seed)) < rate).float().tolist()
-            for group, seed in zip(answers, seeds)]
+def matched_coin(answers, seeds, replayed):
+    """[groups][G] rewards in {0, 1}, blind to the answers: group i gets as many 1s as the replayed run's group i had at
+    this step (`--replay`: its group_rewards), at the places its coin seed draws."""
+    if len(replayed) != len(answers) or any(not 0 <= c <= len(g) or c != round(c) for c, g in zip(replayed, answers)):
+        raise InputError(f"matched_coin: the replayed step's group rewards {replayed} are not counts of 1s for these "
+                         f"{len(answers)} groups: replay a run of an answer-based method with this run's batch")
+    return [(torch.randperm(len(group), generator=torch.Generator().manual_seed(seed)) < round(count)).float().tolist()
+            for group, seed, count in zip(answers, seeds, replayed)]
 
 
 def permuted(answers, labels, seeds):
@@ -91,6 +100,44 @@ def self_certainty(logp_all):
 def negative_entropy(logp_all):
     """-H(p) = sum_v p(v) log p(v) of each token's distribution: logp_all [c, V] -> [c]."""
     return torch.linalg.vecdot(logp_all.exp(), logp_all)
+
+
+# RESTRAIN (Yu et al. 2025, arXiv 2510.02172): g(f) = exp(-(f - centre)^2 / (2 width^2)) weighs a vote share f; a
+# group whose largest class of equal answers holds fewer than κ of its G answers gets every advantage -δ. The paper's
+# values were not to be read here: these are this project's, for G = 8 (study/README.md).
+RESTRAIN_CENTRE, RESTRAIN_WIDTH, RESTRAIN_KAPPA, RESTRAIN_DELTA = 1.0, 0.3, 3, 0.5
+
+
+def consistency(share):
+    """RESTRAIN's g of a vote share: 1 for a unanimous group, less the more its answers are split."""
+    return math.exp(-(share - RESTRAIN_CENTRE) ** 2 / (2 * RESTRAIN_WIDTH ** 2))
+
+
+def restrain(answers, teacher_answers):
+    """[groups][G] RESTRAIN's advantages (its row sets --advantage_std given), from the group's own answers and the G
+    answers of the frozen start model (its teacher, EMA decay 1) to the same prompt:
+    - pseudo-label weighting: every class j of equal answers, of share f_j, is a label of weight w_j = g(f_j) / Σ g;
+      the advantage is Σ_j w_j A_ij, A_ij GRPO's advantage of the rewards 1[answer i in class j];
+    - negative rollout penalization: a group whose largest class holds fewer than κ answers: every advantage -δ;
+    - prompt-level weighting: the advantages times u = g(the start model's largest share), over its mean on the step's
+      groups (the loss's scale unchanged, as a weighted token mean would leave it).
+    Departures: u is estimated from the start model's G samples at each visit of a prompt, not once; it scales the
+    advantages, not the KL term; Σ_j w_j A_ij is one advantage, equal to the paper's sum of clipped terms where no
+    clip binds (one update a step)."""
+    u = torch.tensor([consistency(max(map(len, answer_class_indices(start)), default=0) / len(start))
+                      for start in teacher_answers])                                             # [groups]
+    out = []
+    for group, u in zip(answers, (u / u.mean()).tolist()):
+        g, classes = len(group), answer_class_indices(group)
+        if max(map(len, classes), default=0) < RESTRAIN_KAPPA:
+            out.append([-RESTRAIN_DELTA * u] * g)
+            continue
+        member = torch.zeros(len(classes), g)                                  # [classes, G] 1[answer i in class j]
+        for j, members in enumerate(classes):
+            member[j, members] = 1.0
+        w = torch.tensor([consistency(len(members) / g) for members in classes])                  # [classes]
+        out.append((u * (w[:, None] / w.sum() * group_advantages(member)).sum(0)).tolist())      # [G]
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,7 +195,7 @@ class Method:
     kl_coef: float | None  # β of the KL term (--kl_coef); None: the preset's
     reward: Callable       # labels: (answers, labels, voters, seeds: those it names) -> [groups][G]; none: (logp_all
                            # [c, V]) -> [c]
-    two_view: bool = dataclasses.field(init=False)   # labelled by the other view's answers: it trains on J(q) + J(q')
+    two_view: bool = dataclasses.field(init=False)   # labelled by the other view's answers: it needs --views both
 
     def __post_init__(self):
         source = LABEL_SOURCES.get(self.labels) if self.labels is not None else None
@@ -168,8 +215,12 @@ class Method:
 
     def settings(self):
         """The run settings the method sets (config.py: they override the preset's, a flag overrides them)."""
-        return {k: v for k, v in (("views", self.views), ("teacher_prompts", self.teacher), ("kl_coef", self.kl_coef))
-                if v is not None}
+        return {**{k: v for k, v in (("views", self.views), ("teacher_prompts", self.teacher), ("kl_coef", self.kl_coef))
+                   if v is not None}, **MORE_SETTINGS.get(self.name, {})}
+
+
+# Settings a method sets beyond its row's: RESTRAIN computes its advantages, and its teacher is the start model, frozen.
+MORE_SETTINGS = {"restrain": {"advantage_std": "given", "ema_start": 1.0, "ema_end": 1.0}}
 
 
 # README.md's list of methods is this table. A new row goes last: study/plot.py colours methods by their place here.
@@ -186,9 +237,10 @@ METHOD_TABLE = [
     ("coreward1_union",     "both views' vote",          "both",     None,        "start",   None,  agreement),
     ("random",              "a coin",                    "original", None,        "start",   None,  coin_flip),
     ("self_harmony",        "both views' harmony",       "both",     None,        "start",   None,  agreement),
-    ("matched_coin",        "other view's vote",         "both",     None,        "start",   None,  matched_coin),
+    ("matched_coin",        "a coin",                    "both",     None,        "start",   None,  matched_coin),
     ("permuted",            "other view's vote",         "both",     None,        "start",   None,  permuted),
     ("wrong_label",         "a wrong answer",            "original", None,        "start",   None,  agreement),
+    ("restrain",            "own vote",                  "original", "same",      "start",   None,  restrain),
 ]
 METHODS = {name: Method(name, *facts) for name, *facts in METHOD_TABLE}
 

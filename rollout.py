@@ -14,13 +14,11 @@ responses at 1 rank and at 8: exactly on a CPU, on a GPU up to the kernels' arit
 
 `request_seed` hashes (blake2b; Python's `hash()` is salted per process) the run's seed, the role (ROLES), the step,
 the question's index and the view (0: original, 1: rephrased), not the rank, to a multiple of SEED_STRIDE, so that
-two requests' children never share a stream. Evaluations pass step 0 (eval.eval_counts): they differ by the model
-alone, and eval.py reproduces any of them.
+two requests' children never share a stream; evaluations pass step 0 (eval.eval_counts).
 
-- `VLLMEngine`: vLLM in this process, one engine per rank on its device (harness/vllm_setup.py). Its log-probs are the
-  sampler's after temperature (`logprobs_mode="processed_logprobs"`), as the trainer's of logits / temperature. Each
-  weight load (vLLM's `reload_weights`) is checked bit for bit (harness/weightcheck.py). On a GPU it sleeps while the
-  trainer trains. It samples token ids only; `response_texts` decodes them.
+- `VLLMEngine`: vLLM in this process, one engine per rank on its device. Its log-probs are the sampler's after
+  temperature (`logprobs_mode="processed_logprobs"`), as the trainer's of logits / temperature. Each weight load (vLLM's
+  `reload_weights`) is checked bit for bit (harness/weightcheck.py). On a GPU it sleeps while the trainer trains.
 - `HFEngine`: transformers' model, a token at a time, for machines without vLLM: slower, the same results up to
   sampling noise; a request goes through in chunks that fit a KV budget (harness/hf_batches.py).
 
@@ -69,8 +67,7 @@ def check_request(prompt_ids, n, temperature, seeds, max_prompt_len):
         raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts; give one per prompt")
     if n > SEED_STRIDE:
         raise ValueError(f"n={n} responses per prompt; at most {SEED_STRIDE} (rollout.SEED_STRIDE)")
-    too_long = [i for i, p in enumerate(prompt_ids) if len(p) > max_prompt_len]
-    if too_long:
+    if too_long := [i for i, p in enumerate(prompt_ids) if len(p) > max_prompt_len]:
         raise ValueError(f"{len(too_long)} prompt(s) exceed the prompt limit of {max_prompt_len} tokens "
                          f"(first: #{too_long[0]}, {len(prompt_ids[too_long[0]])} tokens); drop them when "
                          f"loading the data or raise --max_prompt_len")
@@ -78,12 +75,10 @@ def check_request(prompt_ids, n, temperature, seeds, max_prompt_len):
 
 class VLLMEngine:
     def __init__(self, model_dir, max_prompt_len, max_response_len, dtype, gpu_memory_utilization, cpu_kv_cache_gib):
-        self.max_prompt_len = max_prompt_len
-        self.dtype = getattr(torch, dtype)            # the weights load_weights expects
+        self.max_prompt_len, self.dtype = max_prompt_len, getattr(torch, dtype)  # dtype: what load_weights takes
         self.llm = vllm_setup.start_llm(model_dir, max_prompt_len, max_response_len, dtype, gpu_memory_utilization,
                                         cpu_kv_cache_gib)
-        self.sleeps = self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode      # on a GPU
-        self.asleep = False
+        self.sleeps, self.asleep = self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode, False  # on a GPU
         self.check = WeightCheck(self.llm, model_dir, self.dtype)        # what each load reads back
         self.tokenizer = self.llm.get_tokenizer()
         self.ends = end_tokens(model_dir, self.tokenizer)
@@ -140,8 +135,7 @@ def response_texts(tokenizer, token_ids):
 def end_tokens(model_dir, tokenizer):
     """The tokens that end a response, as vLLM's default: the tokenizer's EOS and generation_config's eos_token_id."""
     import json
-    ends = {tokenizer.eos_token_id}
-    path = os.path.join(model_dir, "generation_config.json")
+    ends, path = {tokenizer.eos_token_id}, os.path.join(model_dir, "generation_config.json")
     if os.path.isfile(path):
         eos = json.load(open(path)).get("eos_token_id")
         ends |= set(eos if isinstance(eos, list) else [eos])
@@ -152,14 +146,12 @@ class HFEngine:
     """kv_budget_gib: the KV cache a chunk may take (0: derived per request, hf_batches.kv_budget)."""
     def __init__(self, model_dir, max_prompt_len, dtype, kv_budget_gib, device=None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        self.max_prompt_len = max_prompt_len
+        self.max_prompt_len, self.kv_budget_gib, self.dtype = max_prompt_len, kv_budget_gib, getattr(torch, dtype)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype = getattr(torch, dtype)
         tok = self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device).eval()
         self.ends = torch.tensor(end_tokens(model_dir, tok), device=self.device)
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        self.kv_budget_gib = kv_budget_gib
         self.token_bytes = hf_batches.kv_bytes_per_token(self.model.config, self.dtype)
 
     @torch.no_grad()
@@ -169,8 +161,7 @@ class HFEngine:
         check_request(prompt_ids, n, temperature, seeds, self.max_prompt_len)
         width = max(map(len, prompt_ids))
         chunk = hf_batches.prompts_per_chunk(n, width, max_tokens, self.token_bytes, self.kv_budget_gib, self.device)
-        floor = hf_batches.GEMM_ROWS if chunk < len(prompt_ids) else 0
-        groups = []
+        floor, groups = (hf_batches.GEMM_ROWS if chunk < len(prompt_ids) else 0), []
         for begin in range(0, len(prompt_ids), chunk):
             prompts = prompt_ids[begin:begin + chunk]
             uniforms = None if temperature == 0 else torch.stack([    # [R = P*n, max_tokens]: row i from seed + i
@@ -217,8 +208,7 @@ class HFEngine:
             sampling &= ~torch.isin(token, self.ends)
             if not sampling.any():
                 break
-            staying = hf_batches.staying(sampling, floor)
-            if staying is not None:
+            if (staying := hf_batches.staying(sampling, floor)) is not None:
                 live, token, attn, pos, sampling = (x[staying] for x in (live, token, attn, pos, sampling))
                 past.batch_select_indices(staying)
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)                        # [batch, width + t + 1]

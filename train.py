@@ -94,7 +94,7 @@ def training_step(args, step, questions, models, encode, step_cfg, device, world
 
     # 4. the update: the advantages, and the policy loss with its KL term (grpo.py, THE LOSS FAMILY)
     batch = make_batch([s for g in sampled.groups for s in g], models.pad_id, device)
-    if METHODS[args.method].two_view:             # J(q) + J(q'): one token mean per view (grpo.py, LOSS_AGG_TABLE)
+    if args.views == "both":                      # J(q) + J(q'): one token mean per view (grpo.py, LOSS_AGG_TABLE)
         batch.view = torch.tensor([v for _, v in sampled.ids], device=device).repeat_interleave(args.group_size)
     lr = models.scheduler.get_last_lr()[0]                                        # the rate this step's updates use
     try:
@@ -143,7 +143,9 @@ def sample_and_reward(args, step, round_, indices, questions, models, encode, st
     else:
         labels, voters = label_groups(args.method, answers, gold, teacher_answers)
         rewards = torch.tensor(grpo.call(method.reward, answers=answers, labels=labels, voters=voters,
-                                         seeds=[request_seed(args.seed, "reward", key, i, view) for i, view in ids]))
+                                         teacher_answers=teacher_answers,
+                                         seeds=[request_seed(args.seed, "reward", key, i, view) for i, view in ids],
+                                         replayed=runfolder.replayed_rewards(args.replay, step)))
     lengths = torch.tensor([[len(s.token_ids) for s in g] for g in groups], dtype=torch.float)
     truncated = torch.tensor([[not s.finished for s in g] for g in groups])
     return Round(ids, groups, answers, gold, labels, rewards,

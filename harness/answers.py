@@ -256,14 +256,12 @@ def _relation_sign(match):
 def _plain_mixed_number(match):
     """`4 4/9` -> (4+\\frac{4}{9}); `4 9/4` is ambiguous and stays as written."""
     whole, numerator, denominator = match.groups()
-    if int(numerator) >= int(denominator):
-        return match.group(0)
-    return f"({whole}+\\frac{{{numerator}}}{{{denominator}}})"
+    return match.group(0) if int(numerator) >= int(denominator) else f"({whole}+\\frac{{{numerator}}}{{{denominator}}})"
 
 
 def _last_right_hand_side(s):
     """`x = 2+3 = 5` -> `5`, `10 \\times 5 = 50` -> `50`; not lists, alternatives (`or`) or equations (`2x = 6`)."""
-    sides, signs = _split_relations(s)
+    sides, signs = _split_outside_brackets(s, _RELATION_SIGN)
     if not signs or set(signs) != {"="} or not sides[-1].strip():
         return s
     equation = len(signs) == 1 and (_has_variable(sides[0]) or _has_variable(sides[1]))
@@ -273,10 +271,9 @@ def _last_right_hand_side(s):
 
 def _drop_variable_name(s):
     """`x = 3` -> `3`, `3 = x` -> `3`, `x \\in [1,2]` -> `[1,2]`; `y = 2x+1` stays (module docstring, step 1)."""
-    member = re.match(r"\s*[A-Za-z]\s*\\in(?![A-Za-z])\s*(?=\S)", s)
-    if member:
+    if member := re.match(r"\s*[A-Za-z]\s*\\in(?![A-Za-z])\s*(?=\S)", s):
         return s[member.end():]
-    sides, signs = _split_relations(s)
+    sides, signs = _split_outside_brackets(s, _RELATION_SIGN)
     if signs != ["="]:
         return s
     left, right = sides[0].strip(), sides[1].strip()
@@ -290,11 +287,6 @@ def _has_variable(s):
     """True when s names a variable: a Greek letter the reader knows, or any letter but e and i outside commands."""
     return (any(command[1:] in _GREEK for command in _COMMAND.findall(s))
             or _VARIABLE_LETTER.search(_COMMAND.sub("", s)) is not None)
-
-
-def _split_relations(s):
-    """(sides, signs): s split at relation signs (=, <, >, \\le, \\ge) outside brackets."""
-    return _split_outside_brackets(s, _RELATION_SIGN)
 
 
 def _nesting(s):
@@ -312,7 +304,6 @@ def _nesting(s):
 
 # ------------------------------------------------------- structure and compare
 
-
 @functools.lru_cache(maxsize=100_000)
 def _equiv_normalized(a, b):
     """is_equiv on normal forms (given in sorted order, so the cache sees each pair once)."""
@@ -321,8 +312,11 @@ def _equiv_normalized(a, b):
     (kind_a, parts_a), (kind_b, parts_b) = _structure(a), _structure(b)
     if kind_a != kind_b or len(parts_a) != len(parts_b) or len(parts_a) > MAX_PARTS:
         return False
-    if kind_a == "atom":
-        return _equiv_atoms(parts_a[0], parts_b[0])
+    if kind_a == "atom":  # plain numbers exactly; relations and expressions by sympy, under the time limit
+        number_a, number_b = _as_fraction(parts_a[0]), _as_fraction(parts_b[0])
+        if number_a is not None and number_b is not None:
+            return number_a == number_b
+        return _sympy.equal(parts_a[0], parts_b[0])
     if kind_a == "set":
         return _pair_off(parts_a, parts_b, is_equiv)
     return all(is_equiv(p, q) for p, q in zip(parts_a, parts_b))
@@ -332,8 +326,7 @@ def _pair_off(parts_a, parts_b, equal):
     """True when each of parts_a is `equal` to its own part of parts_b (the first not taken by an earlier one)."""
     unused = list(parts_b)
     for part in parts_a:
-        match = next((q for q in unused if equal(part, q)), None)
-        if match is None:
+        if (match := next((q for q in unused if equal(part, q)), None)) is None:
             return False
         unused.remove(match)
     return True
@@ -343,8 +336,7 @@ def _structure(s):
     """(kind, parts): kind is "atom", "set", "matrix<rows>x<columns>" or a bracket pair such as "(]"."""
     if not s:
         return "atom", [s]
-    matrix = re.fullmatch(r"\\begin\{([pbv]?matrix)\}(.*)\\end\{\1\}", s)
-    if matrix:
+    if matrix := re.fullmatch(r"\\begin\{([pbv]?matrix)\}(.*)\\end\{\1\}", s):
         rows = [row.split("&") for row in matrix.group(2).split("\\\\")]
         if len(rows) > 1 and rows[-1] == [""]:  # a trailing \\ adds no row
             rows.pop()
@@ -366,9 +358,7 @@ def _structure(s):
         if s[0] + s[-1] == "()":  # plain grouping: (5) is 5
             return _structure(s[1:-1])
     items = _split_top_level(s, ",")
-    if len(items) > 1 or s.count("\\pm") == 1:
-        return "set", _expand_pm(items)
-    return "atom", [s]
+    return ("set", _expand_pm(items)) if len(items) > 1 or s.count("\\pm") == 1 else ("atom", [s])
 
 
 def _split_top_level(s, separator):
@@ -421,13 +411,6 @@ def _expand_pm(items):
     for item in items:
         expanded += [item.replace("\\pm", sign) for sign in "+-"] if item.count("\\pm") == 1 else [item]
     return expanded
-
-
-def _equiv_atoms(a, b):
-    number_a, number_b = _as_fraction(a), _as_fraction(b)
-    if number_a is not None and number_b is not None:
-        return number_a == number_b
-    return _sympy.equal(a, b)  # relations and expressions: sympy, under the time limit
 
 # ------------------------------------------------------------------- numbers
 
@@ -509,8 +492,7 @@ def _tokenize(s):
     refused, and so are two numbers in a row (`4 4`), but not after `^` or `_` (`x^2 3`, `\\log_2 8`)."""
     tokens, pos = [], 0
     while pos < len(s):
-        match = _TOKEN.match(s, pos)
-        if match is None:
+        if (match := _TOKEN.match(s, pos)) is None:
             raise _NotMath(s[pos])
         pos, token = match.end(), match.group(1)
         if not token:
@@ -612,8 +594,7 @@ def _read_big_operator(tokens, pos, name):
     if not lower or tokens[pos:pos + 1] != ["^"]:
         raise _NotMath("a sum needs _{k=a}^{b}")
     upper, pos = _read_item(tokens, pos + 1)
-    bound = tokens[:pos] + [_BOUND + variable if t == variable else t for t in tokens[pos:]]
-    body = []
+    bound, body = tokens[:pos] + [_BOUND + variable if t == variable else t for t in tokens[pos:]], []
     while (pos < len(bound) and bound[pos] not in (")", "}", "]", "=")
            and not (body and bound[pos] in ("+", "-"))):
         piece, pos = _read_item(bound, pos)
@@ -656,13 +637,10 @@ def _bit_bound(expr):
     if (expr.is_Pow and name is None) or name == "root":
         return math.inf if bits[1] > 24 else bits[0] * 2.0 ** bits[1]
     if name in _EXPONENTIAL or name in _FACTORIAL or name == "binomial":
-        largest = max(bits)
-        if largest > 24:
+        if (largest := max(bits)) > 24:
             return math.inf
         return 1.45 * 2.0 ** largest + 1 if name in _EXPONENTIAL else 2.0 ** largest * largest + 1
-    if expr.is_Add or expr.is_Mul or name is not None:
-        return sum(bits) + 1
-    return math.inf  # nothing else comes out of the reader
+    return sum(bits) + 1 if expr.is_Add or expr.is_Mul or name is not None else math.inf  # no other kind is read
 
 
 def _realized(expr):
@@ -672,9 +650,7 @@ def _realized(expr):
     args = [_realized(arg) for arg in expr.args]
     if isinstance(expr, AppliedUndef) and expr.func.__name__ in _REAL:
         return _REAL[expr.func.__name__](*args)
-    if all(new is old for new, old in zip(args, expr.args)):
-        return expr
-    return expr.func(*args, evaluate=False)
+    return expr if all(new is old for new, old in zip(args, expr.args)) else expr.func(*args, evaluate=False)
 
 # ------------------------------------------------------- sympy comparison (module docstring, step 4)
 # Variables take unrelated values, so a linear pattern between them (x + y = 1) holds at a point only by chance, and
@@ -732,7 +708,7 @@ def _reading(s):
     ("<", [(d, strict), ...]), each link of an inequality chain written d < 0 or d <= 0; ("?", []) for relations
     compared as text (module docstring, Limits); None when s cannot be read.  Each e and d is _Sampled."""
     try:
-        sides, signs = _split_relations(s) if _RELATION_SIGN.search(s) else ([s], [])
+        sides, signs = _split_outside_brackets(s, _RELATION_SIGN) if _RELATION_SIGN.search(s) else ([s], [])
         if not signs:
             expr = _to_sympy(s)
             return None if expr is None else ("expression", [(_sampled(expr), False)])
@@ -751,8 +727,7 @@ def _reading(s):
 
 
 def _math_equal(a, b, progress=lambda: None):
-    """True when atoms a and b (normal forms, not both plain numbers) are the same expression or relation (module
-    docstring, step 4).  Runs in the helper process (_SympyProcess), told through progress() as each side is read."""
+    """True when atoms a and b (not both plain numbers) are the same expression or relation (the module's step 4)."""
     reading_a = _reading(a)
     progress()
     reading_b = _reading(b)
@@ -762,14 +737,13 @@ def _math_equal(a, b, progress=lambda: None):
     (kind_a, links_a), (kind_b, links_b) = reading_a, reading_b
     if kind_a != kind_b or kind_a == "?" or len(links_a) != len(links_b):
         return False
-    # sympy's failures come in many types; all mean "not shown equal"
     try:
         if kind_a == "expression":
             return _same_expression(links_a[0][0], links_b[0][0])
         if kind_a == "=":
             return _proportional(links_a[0][0], links_b[0][0], positive=False)
         return _pair_off(links_a, links_b, lambda p, q: p[1] == q[1] and _proportional(p[0], q[0], positive=True))
-    except Exception:
+    except Exception:  # sympy's failures come in many types; all mean "not shown equal"
         return False
 
 
@@ -812,12 +786,9 @@ def _both_defined(a, b):
 
 def _same_value(a, b):
     """Equal (exact, number) pairs: exactly when their difference is rational, else to a relative 1e-30."""
-    difference = a[0] - b[0]
-    if difference == 0:
+    if (difference := a[0] - b[0]) == 0:
         return True
-    if difference.is_Rational:
-        return False
-    return bool(abs(a[1] - b[1]) < _TOLERANCE * max(1, abs(a[1])))
+    return False if difference.is_Rational else bool(abs(a[1] - b[1]) < _TOLERANCE * max(1, abs(a[1])))
 
 
 def _times(a, b):
@@ -844,8 +815,7 @@ class _SympyProcess:
     the verdict.  One per grading process (a forked child starts its own), shared by its threads."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._process, self._owner, self._ready = None, None, False
+        self._lock, self._process, self._owner, self._ready = threading.Lock(), None, None, False
 
     def equal(self, a, b):
         if a in _refused or b in _refused or getattr(_call, "cut", False):
@@ -853,10 +823,7 @@ class _SympyProcess:
         asked = time.monotonic()
         with self._lock:
             self._start_if_needed()
-            waited = time.monotonic() - asked  # waiting for the lock or for a start is not counted
-            if getattr(_call, "deadline", None) is None:  # called outside a public call
-                return self._ask(["equal", a, b], time.monotonic() + TIME_LIMIT, blame=(a, b))
-            _call.deadline += waited
+            _call.deadline += time.monotonic() - asked  # waiting for the lock or for a start is not counted
             return self._ask(["equal", a, b], _call.deadline, blame=(a, b))
 
     def clear(self):
@@ -874,8 +841,7 @@ class _SympyProcess:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([self._process.stdout], [], [], remaining)[0]:
                 return self._give_up(blame, side, side_started, f"the time limit ({TIME_LIMIT:g} s) ran out")
-            chunk = os.read(self._process.stdout.fileno(), 64)
-            if not chunk:
+            if not (chunk := os.read(self._process.stdout.fileno(), 64)):
                 return self._give_up(blame, side, side_started,
                                      f"the sympy helper process died (exit code {self._process.wait()})")
             side += chunk.count(b".")

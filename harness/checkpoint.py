@@ -361,8 +361,7 @@ def stop_cleanly_if_the_disk_fills(out, need, what, partial, rank):
 
 def save_checkpoint(args, configuration, step, trained, questions, wandb_id, fingerprints, tokenizer, rank,
                     first_gaps=()):
-    """`save` of all the loop needs to go on exactly (`trained`: a Trained; `questions`: a data.Questions), once the
-    disk has room (the newest checkpoint's size)."""
+    """`save` of all the loop needs to go on exactly, once the disk has room (the newest checkpoint's size)."""
     trainer_state = {"scheduler": trained.scheduler.state_dict(), **questions.state(), "wandb_id": wandb_id,
                      "fingerprints": fingerprints, "sampler_gap_first": list(first_gaps)}
     newest = latest(args.out)

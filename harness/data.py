@@ -4,7 +4,6 @@ A training example is a `Pair`: a question, its rephrasing (same mathematics and
 None in a plain question set) and the gold answer, which the label-free rewards never use: it feeds the `gt`
 baseline and the metrics (rollout_acc, label_acc). `load_training` reads `--data`: pairs, a plain question set, or a
 shipped benchmark's questions (test-time training, as TTRL does: allowed, and reported as `test_time_training`).
-`load_benchmark` reads the evaluation sets (BENCHMARKS); `prompt_encoder` asks in the model's format, not the data's.
 
 Malformed files are errors naming the file, the row and the problem. One leniency: a training row with an empty gold
 answer is kept as `answer=None` and counted on load (the official files have three: openrs row 4303, math rows 5341
@@ -52,16 +51,14 @@ class Problem:
     answer: str
 
 
-# ------------------------------------------------------------------------- fields
 def question_text(value, where):
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"{where}: the question must be a non-empty string, got {value!r:.80}")
     return value
 
 
-# Words (runs of 3+ letters outside LaTeX commands) above which a gold answer is a worked solution; shipped ones: <= 3.
-WORKED_SOLUTION_WORDS = 10
-_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
+WORKED_SOLUTION_WORDS = 10  # words above which a gold answer is a worked solution; shipped ones have <= 3
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")  # a word: a run of 3+ letters outside LaTeX commands
 
 
 def answer_text(value, where):
@@ -77,8 +74,7 @@ def answer_text(value, where):
         raise InputError(f"{where}: the gold answer must be text or a number, got {value!r:.80}")
     value = value.strip()
     if "\\boxed" in value or "\\fbox" in value:
-        boxed = extract_answer(value)
-        if boxed is None:
+        if (boxed := extract_answer(value)) is None:
             raise InputError(f"{where}: the gold answer's last \\boxed{{}} is empty or unclosed: {value[-80:]!r}")
         value = boxed
     elif len(_WORD.findall(value)) > WORKED_SOLUTION_WORDS:
@@ -109,7 +105,6 @@ def verl_row(prompt, reward_model, where):
     return question, answer_text(reward_model["ground_truth"], where)
 
 
-# ------------------------------------------------------------------ training data
 def load_training(source, views):
     """(pairs, test_time_training) for `--data source`; `views` 'both' needs pairs, not plain questions."""
     test_time = source in BENCHMARKS
@@ -177,7 +172,12 @@ def load_pairs(source):
     if os.path.exists(source) or source.endswith(".parquet"):
         return pairs_from_frame(read_parquet(source), source)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
-        return pairs_from_frame(hub_frame(source), source)
+        import datasets
+        try:
+            return pairs_from_frame(datasets.load_dataset(source, split="train").to_pandas(), source)
+        except ConnectionError as e:
+            raise ConnectionError(f"cannot load {source!r} from the Hugging Face hub (offline?): {e}. "
+                                  f"Download it where there is a network and pass the parquet path.") from e
     raise InputError(f"unknown training data {source!r}: use one of "
                      f"{list(SHIPPED_PAIRS) + list(SHIPPED_VERL_PAIRS)}, a parquet, JSON or JSONL path, two verl "
                      f"parquets as ORIGINALS.parquet,REPHRASINGS.parquet, or a hub dataset id")
@@ -190,19 +190,9 @@ def read_parquet(path):
     return pd.read_parquet(path)
 
 
-def hub_frame(repo_id):
-    import datasets
-    try:
-        return datasets.load_dataset(repo_id, split="train").to_pandas()
-    except ConnectionError as e:
-        raise ConnectionError(f"cannot load {repo_id!r} from the Hugging Face hub (offline?): {e}. "
-                              f"Download it where there is a network and pass the parquet path.") from e
-
-
 def pairs_from_frame(frame, name):
     """Pairs from a table with the OpenRS pair columns."""
-    missing = [c for c in PAIR_COLUMNS if c not in frame.columns]
-    if missing:
+    if missing := [c for c in PAIR_COLUMNS if c not in frame.columns]:
         raise InputError(f"{name}: missing column(s) {missing}; a pair file needs {list(PAIR_COLUMNS)}")
     if not len(frame):
         raise InputError(f"{name}: no pairs in the file")
@@ -239,17 +229,14 @@ def verl_pairs(original_path, rephrased_path):
         raise InputError(f"misaligned pair files: {has} carries extra_info.index on every row, {lacks} on none (row 0 "
                          f"has none), so the rephrasings cannot be matched to their originals by it: give each row of "
                          f"{lacks} the index of its question, or drop the index from {has} to join the files by row")
-    if o_index is None:
-        if len(original) != len(rephrased):
-            longer, row = (original_path, "rephrasing") if len(original) > len(rephrased) else \
-                (rephrased_path, "original")
-            raise InputError(f"misaligned pair files: {original_path} has {len(original)} rows, {rephrased_path} has "
-                             f"{len(rephrased)}: row {min(len(original), len(rephrased))} of {longer} has no {row}; "
-                             f"neither file carries extra_info.index, so they are joined by row: give every original "
-                             f"its rephrasing on its own row, or give both files the index")
-        partner = list(range(len(original)))
-    else:
-        partner = rephrasing_rows(original_path, o_index, rephrased_path, r_index)
+    if o_index is None and len(original) != len(rephrased):
+        longer, row = (original_path, "rephrasing") if len(original) > len(rephrased) else (rephrased_path, "original")
+        raise InputError(f"misaligned pair files: {original_path} has {len(original)} rows, {rephrased_path} has "
+                         f"{len(rephrased)}: row {min(len(original), len(rephrased))} of {longer} has no {row}; "
+                         f"neither file carries extra_info.index, so they are joined by row: give every original "
+                         f"its rephrasing on its own row, or give both files the index")
+    partner = list(range(len(original))) if o_index is None else \
+        rephrasing_rows(original_path, o_index, rephrased_path, r_index)
     pairs = []
     for i, ((q, a), j) in enumerate(zip(original, partner)):
         r, b = rephrased[j]
@@ -292,8 +279,7 @@ def rephrasing_rows(original_path, o_index, rephrased_path, r_index):
 def verl_rows(path, frame=None):
     """[(question, gold answer or None)] of a parquet in verl's format (`frame`: the file, when already read)."""
     frame = read_parquet(path) if frame is None else frame
-    missing = [c for c in ("prompt", "reward_model") if c not in frame.columns]
-    if missing:
+    if missing := [c for c in ("prompt", "reward_model") if c not in frame.columns]:
         raise InputError(f"{path}: missing column(s) {missing}; a verl file needs 'prompt' and 'reward_model'")
     if not len(frame):
         raise InputError(f"{path}: no rows in the file")
@@ -335,8 +321,7 @@ def notice(line):
 
 
 def report_unlabeled(pairs, name):
-    unlabeled = [i for i, p in enumerate(pairs) if p.answer is None]
-    if unlabeled:
+    if unlabeled := [i for i, p in enumerate(pairs) if p.answer is None]:
         notice(f"{name}: {len(unlabeled)} of {len(pairs)} pairs have no gold answer (rows {unlabeled[:10]}); "
                f"kept: the label-free rewards do not read it, `gt` and the metrics count them unlabeled")
     return pairs
@@ -364,7 +349,6 @@ def classroom_pairs(split):
     return [Pair(p.original, p.rephrased, p.answer) for p in world.make_split(split)]
 
 
-# ---------------------------------------------------------------------- benchmarks
 def load_benchmark(name, limit=None):
     """The first `limit` (default: all) problems of a shipped benchmark, as `Problem`s."""
     if name not in BENCHMARKS:
@@ -386,7 +370,6 @@ def benchmark_row(record, field, gsm8k, where):
             (gsm8k_answer if gsm8k else answer_text)(record.get("answer"), where))
 
 
-# ------------------------------------------------------------------------- prompts
 @dataclass(frozen=True)
 class Prompt:
     """How a question is asked: a system message (None: the chat template's default) and the user's, with {question}."""
@@ -454,8 +437,7 @@ def drop_long(items, prompts_of, max_prompt_len, what):
 
 @dataclass
 class Questions:
-    """The training questions in the order a run takes them: P a step, a fresh shuffle each epoch. A checkpoint keeps
-    its `state`."""
+    """The training questions in the order a run takes them: P a step, a fresh shuffle each epoch (checkpointed)."""
     pairs: list
     shuffle: torch.Generator
     order: list

@@ -29,8 +29,7 @@ def launch_ranks(ranks, program, argv, max_restarts=0, out=None):
     # Quiet the agent: its reports repeat what the ranks print; GPUS.md states the threads it sets (OMP_NUM_THREADS=1).
     for logger in [name for name in logging.root.manager.loggerDict if name.startswith("torch.distributed")]:
         logging.getLogger(logger).setLevel(logging.CRITICAL)         # each has its level (torch's LOGLEVEL)
-    name = os.path.basename(program)
-    wait = [f"--shutdown-timeout={SHUTDOWN_WAIT_S}"]
+    name, wait = os.path.basename(program), [f"--shutdown-timeout={SHUTDOWN_WAIT_S}"]
     if "--shutdown-timeout" not in torchrun.get_args_parser()._option_string_actions:      # torch < 2.12 (cuda12)
         print(f"torchrun of torch {torch.__version__} has no --shutdown-timeout: at a stop signal the ranks get its "
               f"30 s to finish their step, not {SHUTDOWN_WAIT_S}", flush=True)
@@ -54,10 +53,9 @@ def launch_ranks(ranks, program, argv, max_restarts=0, out=None):
 class StopSignals:
     """SIGTERM and SIGINT (preemption, Ctrl-C) ask the run to stop: every rank finishes its step, the ranks agree at its
     end (`agreed_over_ranks`: one rank's signal stops all), write a checkpoint and exit cleanly. A second signal stops
-    the process at once, without either: rank 0 names the newest complete checkpoint and how to continue, and the
-    process exits with 128 + the signal (130 for Ctrl-C). Under a launcher (--ranks, torchrun) Ctrl-C reaches the
-    launcher alone, which passes the first signal on and at a second sends every worker SIGTERM. A torchrun worker
-    also stops as on SIGTERM once its launcher is gone.
+    the process at once, without either, with exit status 128 + the signal (130 for Ctrl-C). Under a launcher (--ranks,
+    torchrun) Ctrl-C reaches the launcher alone, which passes the first signal on and at a second sends every worker
+    SIGTERM. A torchrun worker also stops as on SIGTERM once its launcher is gone.
 
     Why a watcher thread and os._exit: a Python signal handler runs in the main thread between bytecodes, which a rank
     blocked in a C call (a collective whose peer is gone, vLLM's forward) might never reach. So a watcher thread reads
@@ -71,13 +69,10 @@ class StopSignals:
         self.pipe = os.pipe()                              # (read end, write end)
         os.set_blocking(self.pipe[1], False)               # the C handler's write never waits
         self.previous_fd = signal.set_wakeup_fd(self.pipe[1])
-        self.previous = {s: signal.signal(s, self._in_main_thread) for s in self.SIGNALS}
+        # the Python-level handler does nothing (the watcher acts); it replaces KeyboardInterrupt
+        self.previous = {s: signal.signal(s, lambda signum, frame: None) for s in self.SIGNALS}
         self.watcher = threading.Thread(target=self._watch, name="stop-signals", daemon=True)
         self.watcher.start()
-
-    @staticmethod
-    def _in_main_thread(signum, frame):
-        """The Python-level handler: nothing to do (the watcher acts); it replaces KeyboardInterrupt."""
 
     def _watch(self):
         while True:

@@ -30,8 +30,7 @@ LOGIT_CHUNK = 1024      # tokens per pass through the output layer: 1024 x 151,9
 def response_hidden(model, input_ids, mask):
     """Where `mask` [B, T-1] marks a position that predicts a response token: (hidden [n, H], the predicted tokens [n],
     the output layer's weight [V, H]). Raises ValueError unless the last position's logits equal hidden @ weight.T."""
-    # FSDP warns that the first hidden state (the embeddings) is a view; none is written to
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # FSDP warns the first hidden state (the embeddings) is a view; none is written to
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         out = model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1)
     hidden = out.hidden_states[-1]                                   # [B, T, H], after the final norm

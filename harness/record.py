@@ -171,6 +171,7 @@ RECORD = [
     ("zero_variance",     Mean("groups"),       lambda s: int(s.flat.sum())),
     ("groups_dropped",    Mean("groups"),       lambda s: int((~s.keep).sum())),
     ("common_answer",     Gathered(common_answer_share), lambda s: [majority_vote(grp) for grp in s.answers]),
+    ("group_rewards",     Gathered(list),       lambda s: [round(x, 4) for x in s.rewards.sum(1).tolist()]),
     ("truncated",         Mean("responses"),    lambda s: sum(not x.finished for grp in s.groups for x in grp)),
     ("kl",                Mean("tokens"),       lambda s: s.stats.kl_sum),
     ("entropy",           Mean("tokens"),       lambda s: s.stats.entropy_sum),

@@ -184,7 +184,7 @@ def prepare_resume(out, step, steps):
 # preset's values of them say (resume_settings fills them in, and says which).
 ADDED_SETTINGS = ("rollout_correction", "rollout_correction_cap", "hf_kv_budget_gib", "group_filter", "policy_loss",
                   "loss_agg", "advantage_std", "clip_high", "overlong", "overlong_buffer", "entropy_coef",
-                  "rephrase_noise", "refill_rounds")
+                  "rephrase_noise", "refill_rounds", "replay")
 # Methods renamed when `coreward3` became the authors' Co-rewarding-III: (the name a run was saved under, the
 # --teacher_prompts its runs saved, the name now). Its resume, or --method with the old name, is refused with the new.
 RENAMED_METHODS = [

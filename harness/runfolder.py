@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 
-from harness.errors import USAGE, FolderInUse
+from harness.errors import USAGE, FolderInUse, InputError, refuse
 
 try:
     import fcntl                        # the folder's locks (locked): POSIX file locks, shared and exclusive
@@ -224,3 +224,30 @@ def console_log(out, rank):
             if isinstance(log, ConsoleLog):
                 log.file.close()
         sys.stdout, sys.stderr = streams
+
+
+REPLAY_MATCHES = ("seed", "data", "views", "questions_per_step", "group_size")   # the same questions, in the same groups
+
+
+def check_replay(run, settings):
+    """Refuse a --replay run whose steps did not group the same questions as this run's, or end before it."""
+    path = os.path.join(run, "config.json")
+    if not os.path.exists(path):
+        refuse(f"--replay {run}: it holds no config.json: give the folder of a run that trained")
+    saved = json.load(open(path))
+    differ = [f"--{k} {saved.get(k)} there, {settings[k]} here" for k in REPLAY_MATCHES if saved.get(k) != settings[k]]
+    if differ or (saved.get("steps") or 0) < settings["steps"]:
+        refuse(f"--replay {run}: its groups are not this run's ({'; '.join(differ) or 'it trained fewer steps'}): "
+               f"replay a run of the same {', '.join(REPLAY_MATCHES)}, at least as long")
+
+
+def replayed_rewards(run, step):
+    """[groups] each group's reward sum at `step` in the --replay run's metrics.jsonl (group_rewards); None: no run."""
+    if run is None:
+        return None
+    found = [r["group_rewards"] for r in map(json.loads, open(os.path.join(run, "metrics.jsonl")))
+             if r.get("step") == step and "group_rewards" in r]
+    if not found:
+        raise InputError(f"--replay {run}: its metrics.jsonl has no group_rewards for step {step}: replay a run that "
+                         f"logged them (today's code) and trained that step")
+    return found[-1]

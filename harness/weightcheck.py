@@ -74,8 +74,7 @@ class Readback:
 
 
 def readback_plan(expected, layouts, dtype, kernel_verdicts):
-    """The Readback of the engine's `layouts` ({name: (shape, dtype name)}) for checkpoint shapes `expected`: checkable
-    if held as its checkpoint tensors make it in `dtype`, else read by its kernel if `kernel_verdicts` passes (None)."""
+    """The Readback of the engine's `layouts` ({name: (shape, dtype name)}) for checkpoint shapes `expected`."""
     checkable, through_kernel, unreadable, readable_bytes, total_bytes = [], {}, {}, 0, 0
     for name, (shape, dtype_name) in sorted(layouts.items()):
         shape, composed = tuple(shape), composed_shape(name, expected)
@@ -139,8 +138,7 @@ class Sent:
 
     def take(self, param, place, tensor):
         """Keep part `place` of `param`; once all came, concatenated along dim 0, its checksum or its columns."""
-        sources = len(checkpoint_sources(param)[0])
-        tensor = tensor.detach()
+        sources, tensor = len(checkpoint_sources(param)[0]), tensor.detach()
         part = tensor.to(self.dtype, copy=sources > 1) if param in self.summed else \
             tensor[:, self.wanted[param][1]].to(self.dtype)
         held = self.held.setdefault(param, {})
@@ -158,7 +156,8 @@ class WeightCheck:
     """The check of each load into vLLM `llm` (module docstring) against the start checkpoint `model_dir` in `dtype`."""
     def __init__(self, llm, model_dir, dtype):
         self.llm, self.dtype, self.loads = llm, dtype, 0
-        self.expected = checkpoint_shapes(model_dir)     # what every load must send: the start checkpoint's tensors
+        self.expected = {name: tuple(f.get_slice(name).get_shape()) for f in safetensors_files(model_dir)
+                         for name in f.keys()}       # what every load must send: the start checkpoint's tensors
         layouts = llm.collective_rpc(_parameter_layouts)[0]
         verdicts = self.kernel_verdicts(model_dir, readback_plan(self.expected, layouts, dtype, {}))
         self.readback = readback_plan(self.expected, layouts, dtype, verdicts)
@@ -173,7 +172,11 @@ class WeightCheck:
         if not columns:
             return {}
         engine = self.llm.collective_rpc(_kernel_columns, kwargs={"columns": columns, "dtype": self.dtype})[0]
-        saved = checkpoint_columns(model_dir, columns, self.dtype)
+        # the start checkpoint's columns, from its safetensors: each source's, concatenated as the engine's parameter
+        wanted = {source: indices for name, (_, indices) in columns.items() for source in checkpoint_sources(name)[0]}
+        parts = {name: f.get_slice(name)[:, :max(wanted[name]) + 1][:, wanted[name]].to(self.dtype)
+                 for f in safetensors_files(model_dir) for name in f.keys() if name in wanted}
+        saved = {name: torch.cat([parts[source] for source in checkpoint_sources(name)[0]]) for name in columns}
         return {name: None if same_bits(engine[name], saved[name]) else
                 "its kernel does not give back the start checkpoint's columns" for name in columns
                 if engine[name] is not None}
@@ -210,19 +213,6 @@ def safetensors_files(model_dir):
     for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
         with safe_open(path, "pt") as f:
             yield f
-
-
-def checkpoint_shapes(model_dir):
-    """{name: shape} of the tensors in a Hugging Face folder's safetensors files (headers only)."""
-    return {name: tuple(f.get_slice(name).get_shape()) for f in safetensors_files(model_dir) for name in f.keys()}
-
-
-def checkpoint_columns(model_dir, columns, dtype):
-    """{engine parameter: its `columns` as model_dir's checkpoint makes them, in `dtype`}, from its safetensors."""
-    wanted = {source: indices for name, (_, indices) in columns.items() for source in checkpoint_sources(name)[0]}
-    parts = {name: f.get_slice(name)[:, :max(wanted[name]) + 1][:, wanted[name]].to(dtype)
-             for f in safetensors_files(model_dir) for name in f.keys() if name in wanted}
-    return {name: torch.cat([parts[source] for source in checkpoint_sources(name)[0]]) for name in columns}
 
 
 def checksum(tensor, chunk=2**22):

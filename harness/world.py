@@ -4,7 +4,6 @@
    numbers, operations and answer but new wording, sentence order and scenario. Each view holds a distractor; half
    are traps the base model often copies (DISTRACTORS), so some of its mistakes are tied to one wording, as the paper
    assumes of real models. Split by mathematics into `warmup`, `train` (RL prompts) and `test` (held out).
-   Responses: worked steps, then \\boxed{answer}.
 2. A word-level tokenizer over all the world can say, in Hugging Face format (transformers and vLLM load it).
 3. A tiny Qwen3 (4 layers, width 128, head_dim 32 since vLLM's CPU attention rejects 16).
 4. The base model (`classroom/base/`): a short warm-up on `warmup` problems, stopped early and label-smoothed so that
@@ -22,7 +21,6 @@ from dataclasses import dataclass
 import torch
 
 BASE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "classroom", "base")
-PROMPT_FORMAT = "Question: {question}\nAnswer:"
 EOS = "<|endoftext|>"
 
 # -------------------------------------------------------------------------------------------- 1. Problems
@@ -67,10 +65,8 @@ TEMPLATES = {
     ],
 }
 
-
-# shape -> (first operation on a and b, second operation on that result and c)
 SHAPES = {"mul_add": ("*", "+"), "mul_sub": ("*", "-"), "add_sub": ("+", "-"), "add_mul": ("+", "*"),
-          "sub_mul": ("-", "*")}
+          "sub_mul": ("-", "*")}  # shape -> (first operation on a and b, second operation on that result and c)
 OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
 
 
@@ -96,25 +92,12 @@ class Problem:
     traps: tuple       # per view (original, rephrased): the trap's number, or None for a harmless distractor
 
 
-def all_maths():
-    """Every (shape, a, b, c) the world knows, with non-negative, non-trivial answers."""
-    small = range(2, 13)
-    return [(shape, a, b, c) for shape, a, b, c in itertools.product(TEMPLATES, small, small, small)
-            if not ((shape == "add_sub" and c >= a + b) or (shape == "mul_sub" and c >= a * b)
-                    or (shape == "sub_mul" and b >= a))]
-
-
-def distractor_numbers(shape, a, b, c):
-    """Numbers a distractor may carry: not c, and small enough that copying it for c keeps the answer non-negative."""
-    m = OPS[SHAPES[shape][0]](a, b)
-    return [d for d in range(1, 13) if d != c and (SHAPES[shape][1] != "-" or d < m)]
-
-
 def make_problem(rng, shape, a, b, c):
     s1, s2 = rng.sample(SCENARIOS, 2)
     t1, t2 = rng.sample(TEMPLATES[shape], 2)
     (x1, trap1), (x2, trap2) = rng.sample(DISTRACTORS, 2)
-    d1, d2 = rng.sample(distractor_numbers(shape, a, b, c), 2)
+    m = OPS[SHAPES[shape][0]](a, b)  # a distractor's number: not c, and copied for c it keeps the answer >= 0
+    d1, d2 = rng.sample([d for d in range(1, 13) if d != c and (SHAPES[shape][1] != "-" or d < m)], 2)
 
     def fill(template, scenario, distractor, d):
         facts, question = template.rsplit(" . ", 1)          # the distractor goes just before the question
@@ -131,7 +114,10 @@ SPLIT_SIZES = {"test": 200, "train": 1500, "warmup": None}   # None: all that is
 
 def make_split(split, world_seed=0):
     """The problems of one split; splits are disjoint in mathematics, fixed by `world_seed` (not a run's --seed)."""
-    maths = all_maths()
+    small = range(2, 13)                        # every (shape, a, b, c) with non-negative, non-trivial answers
+    maths = [(shape, a, b, c) for shape, a, b, c in itertools.product(TEMPLATES, small, small, small)
+             if not ((shape == "add_sub" and c >= a + b) or (shape == "mul_sub" and c >= a * b)
+                     or (shape == "sub_mul" and b >= a))]
     random.Random(world_seed).shuffle(maths)
     start = 0
     for name, size in SPLIT_SIZES.items():
@@ -145,7 +131,7 @@ def make_split(split, world_seed=0):
 
 def format_prompt(question):
     """Plain text, as for a base model: the world's tokenizer has no words for the paper's system prompt."""
-    return PROMPT_FORMAT.format(question=question)
+    return f"Question: {question}\nAnswer:"
 
 
 def plain_english(text):
@@ -161,8 +147,7 @@ def corpus():
              for ts in TEMPLATES.values() for t in ts for s in SCENARIOS]
     texts += [" " + x.format(n=s[0], it=s[2], d=5) for x, _ in DISTRACTORS for s in SCENARIOS]
     texts += [f" {i} \\boxed{{{i}}} ." for i in range(0, 500)]
-    texts += [" * + - = . The answer is"]
-    return texts
+    return texts + [" * + - = . The answer is"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -186,8 +171,7 @@ def build_tokenizer():
         for w, _ in pre.pre_tokenize_str(text):
             vocab.setdefault(w, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre
-    tok.decoder = decoders.ByteLevel()
+    tok.pre_tokenizer, tok.decoder = pre, decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, unk_token="<unk>")
 
 
@@ -212,8 +196,7 @@ def warmup_batch(tokenizer, problems, rng, batch):
     for p in rng.sample(problems, batch):
         view = int(rng.random() < 0.5)
         prompt = tokenizer(format_prompt((p.original, p.rephrased)[view]))["input_ids"]
-        shape, a, b, c = p.maths
-        trap = p.traps[view]
+        (shape, a, b, c), trap = p.maths, p.traps[view]
         sloppy = trap is not None and rng.random() < WARMUP["trap_copy"]
         text, _ = worked_solution(shape, a, b, trap if sloppy else c)
         response = tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
@@ -225,8 +208,7 @@ def padded(seqs, masks, pad_id):
     """Token ids [B, T] and loss mask [B, T] of sequences of several lengths, right-padded to the longest."""
     width = max(map(len, seqs))
     ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs])
-    mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
-    return ids, mask
+    return ids, torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
 
 
 def response_loss(model, ids, mask, label_smoothing=0.0):
@@ -243,10 +225,9 @@ def build_base_model(out_dir=BASE_DIR, steps=WARMUP["steps"], seed=WARMUP["seed"
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
     model = Qwen3ForCausalLM(model_config(len(tokenizer)))
-    problems = make_split("warmup")
+    problems, rng = make_split("warmup"), random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=WARMUP["lr"], weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
-    rng = random.Random(seed)
     for step in range(steps):
         ids, mask = warmup_batch(tokenizer, problems, rng, WARMUP["batch"])
         loss = response_loss(model, ids, mask, WARMUP["label_smoothing"])

@@ -10,9 +10,11 @@
 Each (method, seed) is one `train.py` run in OUT/runs/METHOD_sSEED, one after another; with --label LABEL
 (letters, digits and dots) in OUT/runs/METHOD-LABEL_sSEED, its own row `METHOD-LABEL` of the table and
 line of the figures, right after METHOD's, so that invocations with several labels (and their own
-flags after --) fill one study folder. The study can be stopped and started again at will, as the
-run checkpoints let it go on where it stopped:
-- a run with a final model is finished: skipped;
+flags after --) fill one study folder. `matched_coin` replays the `coreward1` run of its seed in OUT
+(`--replay`): run that first. The study can be stopped and started again at will, as the run checkpoints let it go
+on where it stopped:
+- a run with a final model, or with its evaluation (RUN/eval/results.json, as a study commits it), is finished:
+  skipped;
 - a run with a complete checkpoint is continued (`--resume`: it samples exactly what the
   uninterrupted run would have);
 - any other run starts afresh (`--overwrite`).
@@ -52,6 +54,16 @@ def label_arg(text):
     return text
 
 
+def seeds_arg(text):
+    """--seeds' type: N (seeds 0 to N-1), A-B (A to B) or a comma-separated list."""
+    if not re.fullmatch(r"\d+(-\d+)?(,\d+)*", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seeds (3), a range (5-9) or a list (0,2,4)")
+    if "-" in text:
+        first, last = map(int, text.split("-"))
+        return range(first, last + 1)
+    return range(int(text)) if "," not in text else [int(x) for x in text.split(",")]
+
+
 def row_name(method, label=None):
     """METHOD, or METHOD-LABEL for a labelled variant: the run's row in the table, its line in the figures."""
     return f"{method}-{label}" if label else method
@@ -77,8 +89,9 @@ def logged_runs(out):
 
 
 def plan(path):
-    """What to do with the run in `path`: 'skip' (finished), 'resume' (has a checkpoint) or 'start'."""
-    if os.path.exists(os.path.join(path, "final", "config.json")):
+    """What to do with the run in `path`: 'skip' (finished: its final model, or its evaluation as committed), 'resume'
+    (has a checkpoint) or 'start'."""
+    if any(os.path.exists(os.path.join(path, *f)) for f in (("final", "config.json"), ("eval", "results.json"))):
         return "skip"
     if checkpoint.latest(path) is not None:
         return "resume"
@@ -93,14 +106,17 @@ def command(path, method, seed, steps, extra):
     base = [sys.executable, os.path.join(ROOT, "train.py"), "--out", path]
     if action == "resume":
         return base + ["--resume"]
-    return base + ["--method", method, "--seed", str(seed), "--steps", str(steps), "--overwrite", *extra]
+    replay = ["--replay", run_dir(os.path.dirname(os.path.dirname(path)), "coreward1", seed)] \
+        if method == "matched_coin" and "--replay" not in extra else []      # coreward1's run of its seed, here
+    return base + ["--method", method, "--seed", str(seed), "--steps", str(steps), "--overwrite", *replay, *extra]
 
 
 def evaluation(path, seed, k):
     """The eval.py command that evaluates a finished run's final model with k samples a question (its own seed's
     evaluation streams), each question's counts into RUN/eval/results.json (study/review.py reads them); None when
     there is nothing to do."""
-    if plan(path) != "skip" or os.path.exists(os.path.join(path, "eval", "results.json")):
+    if not os.path.exists(os.path.join(path, "final", "config.json")) or \
+            os.path.exists(os.path.join(path, "eval", "results.json")):
         return None
     return [sys.executable, os.path.join(ROOT, "eval.py"), "--model", os.path.join(path, "final"), "--k", str(k),
             "--seed", str(seed), "--per_question", "--out", os.path.join(path, "eval")]
@@ -145,7 +161,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the study's folder (runs/, figures, table.md)")
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=seeds_arg, default=range(3),
+                    help="how many seeds (N: 0 to N-1), or which (A-B, or a comma-separated list)")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated (default: all of them)")
     ap.add_argument("--label", type=label_arg, default=None,
                     help="runs go to OUT/runs/METHOD-LABEL_sSEED: a variant of each method (its own row and line), "
@@ -163,7 +180,7 @@ def main(argv=None):
     if unknown:
         ap.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
     if not args.plot_only:
-        for seed in range(args.seeds):
+        for seed in args.seeds:
             for method in methods:
                 path, name = run_dir(args.out, method, seed, args.label), row_name(method, args.label)
                 cmd = command(path, method, seed, args.steps, extra)

@@ -54,6 +54,28 @@ def test_settings_that_cannot_work_are_refused(flags, world_size, message):
         config.check_settings(args, world_size)
 
 
+def test_the_controls_and_restrain_get_what_they_need(tmp_path):
+    """matched_coin needs a --replay run of its groups, and no other method takes one; --advantage_std given (a
+    method's own advantages) is restrain's, which needs it."""
+    def refused(*flags):
+        with pytest.raises(ValueError) as e:
+            config.check_settings(config.parse_args(list(flags)), 1)
+        return str(e.value)
+    assert "--method matched_coin replays the rewards of the run given by --replay" in refused("--method", "matched_coin")
+    assert "no other method takes one" in refused("--method", "coreward1", "--replay", str(tmp_path))
+    assert "it holds no config.json" in refused("--method", "matched_coin", "--replay", str(tmp_path))
+    run = {"seed": 0, "data": "classroom", "views": "both", "questions_per_step": 16, "group_size": 8, "steps": 60}
+    (tmp_path / "config.json").write_text(json.dumps({**run, "seed": 3}))
+    assert "--seed 3 there, 0 here" in refused("--method", "matched_coin", "--replay", str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({**run, "steps": 20}))
+    assert "it trained fewer steps" in refused("--method", "matched_coin", "--replay", str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(run))
+    config.check_settings(config.parse_args(["--method", "matched_coin", "--replay", str(tmp_path)]), 1)
+    assert "as --method restrain does and needs" in refused("--method", "restrain", "--advantage_std", "group")
+    assert "as --method restrain does and needs" in refused("--method", "gt", "--advantage_std", "given")
+    config.check_settings(config.parse_args(["--method", "restrain"]), 1)
+
+
 def test_settings_that_work_pass():
     config.check_settings(config.parse_args(["--method", "coreward1"]), 1)
     config.check_settings(config.parse_args(["--method", "coreward1", "--questions_per_step", "8", "--group_size", "4",

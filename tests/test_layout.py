@@ -69,9 +69,12 @@ def defaults_written(path, settings):
     """[(line, setting)] where `path` writes a default for a setting outside PRESET_TABLE: a value for a parameter,
     a dataclass field, a dict key or an argparse flag of a setting's name (None and False, a switch left off unless
     asked for, are no value), or a preset's value (`CLASSROOM["eval_k"]`) as a parameter's or a flag's default, which
-    stands in for the setting the caller has."""
+    stands in for the setting the caller has. A method's own values (rewards.MORE_SETTINGS, as its row's β) are no
+    default."""
     tree = ast.parse(open(path).read())
     presets = preset_names(tree)
+    methods = {id(d) for node in ast.walk(tree) if isinstance(node, ast.Assign)            # a method's own values
+               and any(getattr(t, "id", None) == "MORE_SETTINGS" for t in node.targets) for d in ast.walk(node.value)}
     written = lambda name, node: (name in settings and is_value(node)) or reads_presets(node, presets)
     found = []
     for node in ast.walk(tree):
@@ -83,7 +86,7 @@ def defaults_written(path, settings):
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
             if node.target.id in settings and is_value(node.value):
                 found.append((node.lineno, node.target.id))
-        elif isinstance(node, ast.Dict):
+        elif isinstance(node, ast.Dict) and id(node) not in methods:
             found += [(k.lineno, k.value) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)
                       and k.value in settings and isinstance(v, ast.Constant)]
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args and \

@@ -170,7 +170,7 @@ def test_the_tables_rows_are_those_tested():
     assert {k: (v["clip_eps"], v["clip_high"], v["loss_agg"]) for k, v in grpo.POLICY_LOSS_SETTINGS.items()} == \
         {"clip": (None, None, None), "gspo": (3e-4, 4e-4, "seq_mean_token_mean"), "cispo": (1.0, 4.0, None)}
     assert list(grpo.LOSS_AGGS) == list(AGG_RESTATEMENTS)
-    assert list(grpo.ADVANTAGE_STDS) == ["group", "batch", "none"]
+    assert list(grpo.ADVANTAGE_STDS) == ["group", "batch", "none", "given"]
     assert list(grpo.OVERLONGS) == ["none", "mask", "soft"]
 
 
@@ -433,8 +433,10 @@ def test_advantage_scales_by_hand(dist_world):
       batch: the unbiased std of all 8 rewards (six 1s, two 0s; mean 0.75): sqrt((6 x 0.0625 + 2 x 0.5625) / 7) =
              sqrt(1.5 / 7) = 0.462910 -> ±0.5 / 0.462910 = ±1.080123; group 1 0 (a biased std, sqrt(1.5 / 8), would
              give ±1.154701)
-      none:  r - mean: ±0.5; group 1 0."""
+      none:  r - mean: ±0.5; group 1 0.
+      given: the rewards as they are (a method's own advantages: RESTRAIN's)."""
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    assert torch.equal(group_advantages(r, scale=grpo.ADVANTAGE_STDS["given"]), r)
     expected = {"group": 0.866025, "batch": 0.5 / math.sqrt(1.5 / 7), "none": 0.5}
     for name, a in expected.items():
         adv = group_advantages(r, scale=grpo.ADVANTAGE_STDS[name])

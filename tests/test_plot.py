@@ -1,4 +1,5 @@
 """study/plot.py: the series it draws from synthetic runs, and the files it writes."""
+import argparse
 import json
 import os
 
@@ -82,6 +83,29 @@ def test_the_study_skips_finished_runs_and_resumes_unfinished_ones(tmp_path):
     assert study.command(stopped, "majority", 1, 300, ["--lr", "1e-3"])[2:] == ["--out", stopped, "--resume"]
     assert study.command(fresh, "majority", 0, 300, ["--lr", "1e-3"])[2:] == \
         ["--out", fresh, "--method", "majority", "--seed", "0", "--steps", "300", "--overwrite", "--lr", "1e-3"]
+
+
+def test_a_committed_run_is_finished_and_the_matched_coin_replays_coreward1_of_its_seed(tmp_path):
+    """A run a study committed holds its evaluation but no final model: skipped, not started again over it.
+    matched_coin's command names the coreward1 run of its seed in the same study, unless --replay is given."""
+    import study
+    committed = study.run_dir(str(tmp_path), "gt", 4)
+    os.makedirs(os.path.join(committed, "eval"))
+    open(os.path.join(committed, "eval", "results.json"), "w").close()
+    assert study.plan(committed) == "skip" and study.evaluation(committed, 4, 256) is None
+    coin = study.run_dir(str(tmp_path), "matched_coin", 3)
+    assert study.command(coin, "matched_coin", 3, 60, ["--views", "both"])[-4:] == \
+        ["--replay", study.run_dir(str(tmp_path), "coreward1", 3), "--views", "both"]
+    assert study.command(coin, "matched_coin", 3, 60, ["--replay", "x"]).count("--replay") == 1
+
+
+def test_the_seeds_a_study_takes():
+    import study
+    assert list(study.seeds_arg("3")) == [0, 1, 2] and list(study.seeds_arg("5-9")) == [5, 6, 7, 8, 9]
+    assert study.seeds_arg("0,2,4") == [0, 2, 4]
+    for bad in ("a", "1-", "-2", "1,,2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            study.seeds_arg(bad)
 
 
 def test_the_study_table_by_hand(tmp_path):

@@ -245,11 +245,13 @@ def test_self_harmony_labels_both_views_by_the_harmonic_mean_of_their_shares_by_
     assert rewards.METHODS["self_harmony"].two_view                     # J(q) + J(q'), as coreward1
 
 
-def test_the_matched_controls_keep_coreward1s_reward_rate_and_break_its_link_to_the_answers():
-    """matched_coin and permuted label as coreward1 does (the other view's vote), then: permuted gives the step's
-    agreement rewards shuffled over its responses (the same multiset: 2 of 16 here), seeded; matched_coin a coin per
-    response at that rate, 2/16, from each group's seed (over 400 groups of 8 its share is within 0.05 of the rate).
-    wrong_label labels each question with its gold answer plus one: '5' -> '6', and no response that is right wins."""
+def test_the_matched_controls_keep_coreward1s_rewards_and_break_their_link_to_the_answers():
+    """permuted labels as coreward1 does (the other view's vote) and gives the step's agreement rewards shuffled over
+    its responses (the same multiset: 2 of 16 here), seeded. matched_coin replays a coreward1 run's step: each group as
+    many 1s as that run's group had (3, 0, 8, 1 here), at places from the group's seed, blind to the answers; a count
+    that is no count for these groups is refused. wrong_label labels each question with its gold answer plus one:
+    '5' -> '6', and no response that is right wins."""
+    from harness.errors import InputError
     from rewards import METHODS, label_groups, matched_coin, permuted, wrong_answer
     labels, _ = label_groups("permuted", ANSWERS, GOLD)
     assert labels == labels_for("coreward1", ANSWERS, GOLD) == ["5", "7", "3", "8"]
@@ -258,9 +260,38 @@ def test_the_matched_controls_keep_coreward1s_reward_rate_and_break_its_link_to_
     shuffled = permuted(ANSWERS, labels, [3, 4, 5, 6])
     assert sorted(sum(shuffled, [])) == sorted(sum(agree, [])) and shuffled != agree
     assert shuffled == permuted(ANSWERS, labels, [3, 9, 9, 9]) != permuted(ANSWERS, labels, [4, 4, 5, 6])
-    many = matched_coin([["1"] * 8] * 400, ["1"] * 100 + ["2"] * 300, list(range(400)))      # rate 1/4
-    assert abs(sum(map(sum, many)) / 3200 - 0.25) < 0.05
-    assert METHODS["matched_coin"].two_view and METHODS["permuted"].two_view
+    groups = [["1"] * 8, ["2"] * 8, [None] * 8, ["1"] * 8]
+    coin = matched_coin(groups, [3, 4, 5, 6], [3.0, 0.0, 8.0, 1.0])
+    assert [sum(g) for g in coin] == [3, 0, 8, 1] and set(sum(coin, [])) == {0.0, 1.0}
+    assert coin == matched_coin([["x"] * 8] * 4, [3, 4, 5, 6], [3, 0, 8, 1])        # the answers do not matter
+    assert coin[0] != matched_coin(groups, [7, 4, 5, 6], [3, 0, 8, 1])[0]            # the seed places them
+    for counts in ([3, 0, 8], [3, 0, 9, 1], [3, 0.5, 8, 1]):
+        with pytest.raises(InputError, match="not counts of 1s"):
+            matched_coin(groups, [3, 4, 5, 6], counts)
+    assert METHODS["permuted"].two_view and not METHODS["matched_coin"].two_view
     assert [wrong_answer(g) for g in ("5", "-3", "\\frac12")] == ["6", "-2", "(\\frac12)+1"]
     labels, voters = label_groups("wrong_label", [["5", "6", None, "6"]], ["5"])
     assert labels == ["6"] and METHODS["wrong_label"].reward([["5", "6", None, "6"]], labels) == [[0, 1, 0, 1]]
+
+
+def test_restrain_by_hand():
+    """Two groups of G = 8. Group A answers 2 2 2 2 3 3 5 and one none: classes of shares 1/2, 1/4, 1/8, weighted
+    g(f) = exp(-(f - 1)^2 / 0.18): 0.249352, 0.043937, 0.014215, w = 0.810891, 0.142883, 0.046226. GRPO's advantages of
+    each class's indicator (std with Bessel's correction): '2' ±0.935414; '3' 1.62019 / -0.540062; '5' 2.474874 /
+    -0.353553. So a '2' gets 0.810891 x 0.935414 - 0.142883 x 0.540062 - 0.046226 x 0.353553 = 0.665009, a '3'
+    -0.543366, the '5' -0.721279, no answer -0.852026. Group B's eight answers all differ: its largest class, 1, is under κ = 3,
+    so every response gets -δ = -0.5. The start model answers A six times '2' (g(3/4) = 0.706648) and B eight ways
+    (g(1/8) = 0.014215): over their mean, u = 1.960562 and 0.039438. The label (the own vote) is '2', and B's first."""
+    from rewards import METHODS, label_groups, restrain
+    a = ["2", "2", "2", "2", "3", "3", "5", None]
+    b = ["1", "2", "3", "4", "5", "6", "7", "8"]
+    start = [["2"] * 6 + ["4", "4"], b]
+    got = restrain([a, b], start)
+    by_answer = [0.665009] * 4 + [-0.543366] * 2 + [-0.721279, -0.852026]
+    assert got[0] == pytest.approx([1.960562 * x for x in by_answer], abs=5e-6)
+    assert got[1] == pytest.approx([-0.5 * 0.039438] * 8, abs=1e-6)
+    assert sum(got[0]) == pytest.approx(0, abs=1e-5)                       # the weighted advantages are centred
+    assert label_groups("restrain", [a, b], [None, None], start)[0] == ["2", "1"]
+    m = METHODS["restrain"]
+    assert m.settings() == {"views": "original", "teacher_prompts": "same", "advantage_std": "given",
+                            "ema_start": 1.0, "ema_end": 1.0} and m.kl_anchor == "start"
