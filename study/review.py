@@ -240,13 +240,13 @@ def tables(out, rows, k, design_tables, family):
     lines = []
     for title, base, names, extras in design_tables:
         shown = [n for n in names if n in rows]
-        if not shown:
+        if not shown or base not in rows:                  # nothing to compare yet
             continue
         head = ["row", "seeds", f"avg@{k} [seeds' range]"] + extras + \
             [f"Δ vs `{base}` [95% t]", "p", "Holm", "bootstrap seeds × questions", "verdict"]
         lines += [f"### {title}", "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-        binds = metric_mean(out, base, rows.get(base, {}), "clip_frac")
-        for name in ([base] if base in rows else []) + shown:
+        binds = metric_mean(out, base, rows[base], "clip_frac")
+        for name in [base] + shown:
             runs = rows[name]
             per_seed = [score(runs[s], k).mean() for s in sorted(runs)]
             same = name.rsplit(".", 1)[-1] in CLIP_ONLY and binds is not None and binds < 0.01

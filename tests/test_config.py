@@ -76,6 +76,17 @@ def test_the_controls_and_restrain_get_what_they_need(tmp_path):
     config.check_settings(config.parse_args(["--method", "restrain"]), 1)
 
 
+def test_a_replayed_step_is_read_from_the_runs_record(tmp_path):
+    """matched_coin reads each step's group_rewards from the --replay run's metrics.jsonl (its last line of that
+    step, as a resumed run rewrites it); a step it lacks stops the run in one line."""
+    from harness.runfolder import replayed_rewards
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"step": 0, "eval_acc": 0.2}, {"step": 1, "group_rewards": [1.0, 0.0]}, {"step": 1, "group_rewards": [2.0, 3.0]}]))
+    assert replayed_rewards(str(tmp_path), 1) == [2.0, 3.0] and replayed_rewards(None, 1) is None
+    with pytest.raises(errors.InputError, match="has no group_rewards for step 2"):
+        replayed_rewards(str(tmp_path), 2)
+
+
 def test_settings_that_work_pass():
     config.check_settings(config.parse_args(["--method", "coreward1"]), 1)
     config.check_settings(config.parse_args(["--method", "coreward1", "--questions_per_step", "8", "--group_size", "4",
