@@ -14,7 +14,7 @@ import grpo
 from harness import data
 from harness.answers import is_equiv
 from harness.record import Step, label_correct
-from rewards import METHODS, label_groups
+from rewards import METHODS, agreement, label_groups
 from rollout import request_seed
 
 SHIPPED = [*data.SHIPPED_PAIRS, *data.SHIPPED_VERL_PAIRS]
@@ -42,7 +42,10 @@ def step_rewards(method, questions, step):
     teacher = responses([q.answer for q in questions] * 2)[len(questions):] if m.teacher == "rephrased" else answers
     coins = [request_seed(0, "reward", step, i, view) for view in views for i in range(len(questions))]
     labels, voters = label_groups(method, answers, gold, teacher if m.teacher else None)
-    return gold, labels, grpo.call(m.reward, answers=answers, labels=labels, voters=voters, seeds=coins)
+    replayed = [sum(r) for r in agreement(answers, label_groups("coreward1", answers, gold)[0])] \
+        if m.views == "both" else None                         # matched_coin's: a coreward1 step's group rewards
+    return gold, labels, grpo.call(m.reward, answers=answers, labels=labels, voters=voters, seeds=coins,
+                                   teacher_answers=teacher if m.teacher else None, replayed=replayed)
 
 
 @pytest.mark.parametrize("source", SHIPPED)
@@ -53,7 +56,11 @@ def test_every_shipped_row_labels_and_rewards_with_every_method(source):
         for step, start in enumerate(range(0, len(pairs), P)):
             questions = pairs[start:start + P]
             gold, labels, rewards = step_rewards(method, questions, step)
-            assert len(rewards) == len(gold) and all(len(r) == 4 and set(r) <= {0.0, 1.0} for r in rewards)
+            assert len(rewards) == len(gold) and all(len(r) == 4 for r in rewards)
+            if method == "restrain":         # its own advantages: centred, or a group's penalty
+                assert all(abs(sum(r)) < 1e-5 or max(r) < 0 for r in rewards), (source, start)
+            else:
+                assert all(set(r) <= {0.0, 1.0} for r in rewards), (source, method, start)
             for g, label, r in zip(gold, labels, rewards):
                 if g is None and METHODS[method].labels in ("gold", "a wrong answer"):    # unlabeled: no reward
                     assert label is None and r == [0.0] * 4, (source, method, start)
