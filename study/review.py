@@ -287,7 +287,7 @@ def variance_components(rows, k):
     method table over its seeds x questions, pooled: MS_seed = Q Σ(m_s - m)^2 / (S - 1), the residual per question
     the mean square of x_sq - m_s - m_q + m over the seeds."""
     seed_parts, residuals = [], []
-    for name in METHOD_ROWS + ["start"]:
+    for name in METHOD_ROWS:                               # trained rows: the start model has no training seed
         runs = rows.get(name, {})
         if len(runs) < 3:
             continue
@@ -326,7 +326,7 @@ def simulated_fpr(seed_var, question_var, seeds, sims=2000, draws=1000, rng_seed
 def fpr_lines(rows, k):
     components = variance_components(rows, k)
     if components is None:
-        return "### The false-positive rate at 5%\n\npending: no row has three seeds.\n"
+        return "### The false-positive rate at 5%\n\npending: no method has three seeds.\n"
     seed_var, question_var = components
     lines = ["### The false-positive rate at 5%, simulated", "",
              f"From the method table's runs: a run's score varies over seeds with sd {math.sqrt(seed_var):.4f} beyond "
